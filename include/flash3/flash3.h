@@ -1,0 +1,124 @@
+// flash3 public C++ API.
+//
+// Tensors are described by non-owning views (pointer, dtype, shape, strides in
+// elements). Attention tensors use the FlashAttention layout
+// (batch, seqlen, heads, head_dim): any batch/seqlen/head strides, unit stride in
+// head_dim. softmax_lse is (batch, heads, seqlen_q) fp32.
+//
+// Every entry point validates all arguments before launching anything and
+// reports problems through Status (never an exception, never a launch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace flash3 {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat8E4M3 = 3 };
+const char* dtype_name(DType t);
+int dtype_size(DType t);
+
+// A non-owning view of a device tensor. Strides are in elements.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  int ndim = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+
+  // Contiguous row-major view.
+  static TensorView contiguous(void* data, DType dtype, int ndim, const int64_t* shape);
+  static TensorView make4d(void* data, DType dtype, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                           int64_t st0, int64_t st1, int64_t st2, int64_t st3);
+  static TensorView make3d(void* data, DType dtype, int64_t s0, int64_t s1, int64_t s2,
+                           int64_t st0, int64_t st1, int64_t st2);
+  bool defined() const { return data != nullptr || ndim > 0; }
+  int64_t numel() const;
+};
+
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,   // a tensor or option does not satisfy the contract
+  kNotSupported = 2,      // a valid request for a feature that is not built / not implemented yet
+  kCudaError = 3,         // a CUDA runtime/driver call failed
+  kInternal = 4,
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status Ok() { return {}; }
+  static Status Invalid(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status NotSupported(std::string m) {
+    return {StatusCode::kNotSupported, "not supported yet: " + std::move(m)};
+  }
+  static Status Cuda(std::string m) { return {StatusCode::kCudaError, std::move(m)}; }
+};
+
+// Options shared by forward and backward.
+struct AttentionOptions {
+  // <= 0 or NaN means 1/sqrt(head_dim).
+  float softmax_scale = 0.f;
+  // Causal mask aligned bottom-right when seqlen_q != seqlen_k (query i sees keys
+  // j <= i + seqlen_k - seqlen_q), as FlashAttention does.
+  bool causal = false;
+  // Sliding window, bottom-right aligned: query i sees keys in
+  // [i + sk - sq - window_left, i + sk - sq + window_right]; -1 means unbounded.
+  // causal == (window_left=-1, window_right=0).
+  int window_left = -1;
+  int window_right = -1;
+  // tanh soft-capping of scores: s -> softcap * tanh(s / softcap); 0 disables.
+  float softcap = 0.f;
+  // Backward: bitwise reproducible dQ / dK / dV.
+  bool deterministic = false;
+  // Optional variable-length batches: int32 device arrays of batch+1 prefix sums.
+  // When set, q/k/v are (total_tokens, heads, head_dim) and batch = len(cu_seqlens)-1.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+};
+
+struct ForwardArgs {
+  TensorView q;     // (b, sq, hq, d)
+  TensorView k;     // (b, sk, hkv, d)
+  TensorView v;     // (b, sk, hkv, dv)
+  TensorView out;   // (b, sq, hq, dv), written
+  TensorView lse;   // (b, hq, sq) fp32, written; optional (data == nullptr -> not stored)
+  AttentionOptions opts;
+};
+
+struct BackwardArgs {
+  TensorView q, k, v, out;  // as in forward
+  TensorView dout;          // (b, sq, hq, dv)
+  TensorView lse;           // (b, hq, sq) fp32 from the forward
+  TensorView dlse;          // optional (b, hq, sq) fp32 gradient of lse
+  TensorView dq, dk, dv;    // written, same shapes/dtypes as q, k, v
+  AttentionOptions opts;
+  // Scratch memory; query its size with backward_workspace_size(). If null,
+  // flash3 allocates (stream-ordered) and frees it itself.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Validation only (no launch). Used by forward()/backward() and exposed for tests
+// and bindings that want to raise before any work is queued.
+Status validate_forward(const ForwardArgs& args);
+Status validate_backward(const BackwardArgs& args);
+
+Status forward(const ForwardArgs& args, cudaStream_t stream);
+Status backward(const BackwardArgs& args, cudaStream_t stream);
+size_t backward_workspace_size(const BackwardArgs& args);
+
+// Which (dtype, head_dim, head_dim_v) forward/backward kernels this build contains.
+bool forward_is_built(DType dtype, int head_dim, int head_dim_v);
+bool backward_is_built(DType dtype, int head_dim, int head_dim_v);
+// True when the current device is a Hopper (sm_90) GPU flash3 can run on.
+bool device_is_supported(std::string* why = nullptr);
+
+const char* version();
+
+}  // namespace flash3

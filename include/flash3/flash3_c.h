@@ -1,0 +1,78 @@
+/* flash3 C ABI: the same entry points as flash3.h, for FFI (ctypes, Rust, ...).
+ * Every function returns a flash3_status (0 = ok); the message of the last
+ * failure on the calling thread is returned by flash3_last_error(). */
+#ifndef FLASH3_C_H_
+#define FLASH3_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  FLASH3_OK = 0,
+  FLASH3_INVALID_ARGUMENT = 1,
+  FLASH3_NOT_SUPPORTED = 2,
+  FLASH3_CUDA_ERROR = 3,
+  FLASH3_INTERNAL = 4
+} flash3_status;
+
+typedef enum { FLASH3_FP16 = 0, FLASH3_BF16 = 1, FLASH3_FP32 = 2, FLASH3_FP8_E4M3 = 3 } flash3_dtype;
+
+typedef struct {
+  void* data;
+  int32_t dtype; /* flash3_dtype */
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t stride[4]; /* in elements */
+} flash3_tensor;
+
+typedef struct {
+  float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
+  int32_t causal;
+  int32_t window_left;  /* -1: unbounded */
+  int32_t window_right; /* -1: unbounded */
+  float softcap;        /* 0: off */
+  int32_t deterministic;
+  const int32_t* cu_seqlens_q; /* NULL: fixed length */
+  const int32_t* cu_seqlens_k;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+} flash3_options;
+
+/* Defaults: scale from head_dim, no mask, no softcap. */
+flash3_options flash3_default_options(void);
+
+/* lse may be NULL (not stored). stream is a cudaStream_t (NULL: legacy default). */
+flash3_status flash3_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                             const flash3_tensor* out, const flash3_tensor* lse,
+                             const flash3_options* opts, void* stream);
+
+/* dlse may be NULL. workspace may be NULL (allocated internally, stream-ordered). */
+flash3_status flash3_backward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                              const flash3_tensor* out, const flash3_tensor* dout,
+                              const flash3_tensor* lse, const flash3_tensor* dlse,
+                              const flash3_tensor* dq, const flash3_tensor* dk, const flash3_tensor* dv,
+                              const flash3_options* opts, void* workspace, size_t workspace_bytes,
+                              void* stream);
+
+size_t flash3_backward_workspace_size(const flash3_tensor* q, const flash3_tensor* k,
+                                      const flash3_tensor* v, const flash3_options* opts);
+
+/* Validation only; nothing is launched. */
+flash3_status flash3_validate_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                      const flash3_tensor* out, const flash3_tensor* lse,
+                                      const flash3_options* opts);
+
+int flash3_forward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
+int flash3_backward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
+int flash3_device_is_supported(void);
+const char* flash3_last_error(void);
+const char* flash3_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASH3_C_H_ */

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configure + build into ${BUILD_DIR:-build}. Extra arguments go to cmake, e.g.
+#   scripts/build.sh -DFLASH3_HDIMS=128 -DFLASH3_DTYPES=bf16     (one variant, quick)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+gen=()
+command -v ninja >/dev/null 2>&1 && [ ! -f "$BUILD_DIR/Makefile" ] && gen=(-G Ninja)
+cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,60 @@
+// Which KV blocks a query tile visits, and which of them need a mask.
+// Host + device so the CPU tests check exactly what the kernel runs.
+//
+// Masks are aligned bottom-right: with offset = seqlen_k - seqlen_q, query row i
+// sees key columns [i + offset - window_left, i + offset + window_right]
+// (a bound of -1 is unbounded; causal is window_right = 0, window_left = -1).
+#pragma once
+#include <cutlass/cutlass.h>
+
+namespace flash3 {
+
+struct MaskSpec {
+  int seqlen_q = 0, seqlen_k = 0;
+  int window_left = -1;   // < 0: unbounded on the left
+  int window_right = -1;  // < 0: unbounded on the right
+  CUTLASS_HOST_DEVICE bool has_left() const { return window_left >= 0; }
+  CUTLASS_HOST_DEVICE bool has_right() const { return window_right >= 0; }
+  CUTLASS_HOST_DEVICE int offset() const { return seqlen_k - seqlen_q; }
+};
+
+CUTLASS_HOST_DEVICE constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+CUTLASS_HOST_DEVICE constexpr int ceil_div_int(int a, int b) { return -floor_div(-a, b); }
+CUTLASS_HOST_DEVICE constexpr int imin(int a, int b) { return a < b ? a : b; }
+CUTLASS_HOST_DEVICE constexpr int imax(int a, int b) { return a > b ? a : b; }
+
+struct NBlockRange {
+  int n_min = 0;               // first KV block visited
+  int n_max = 0;               // one past the last; empty when n_max <= n_min
+  int n_min_right_masked = 0;  // blocks in [n_min_right_masked, n_max) cross the right bound
+  int n_max_left_masked = 0;   // blocks in [n_min, n_max_left_masked) cross the left bound
+  CUTLASS_HOST_DEVICE bool empty() const { return n_max <= n_min; }
+};
+
+CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
+  NBlockRange r;
+  const int row_first = m_block * tile_m;
+  const int row_last = row_first + tile_m - 1;  // may exceed seqlen_q: padded rows only widen the range
+  int n_max = ceil_div_int(m.seqlen_k, tile_n);
+  if (m.has_right()) {
+    // Last visible column of the tile's last row, inclusive.
+    n_max = imin(n_max, imax(0, floor_div(row_last + m.offset() + m.window_right, tile_n) + 1));
+  }
+  int n_min = 0;
+  if (m.has_left()) {
+    n_min = imax(0, floor_div(row_first + m.offset() - m.window_left, tile_n));
+  }
+  r.n_min = n_min;
+  r.n_max = n_max;
+  // Right mask needed unless every column of the block is visible to the first row.
+  r.n_min_right_masked = m.has_right()
+      ? imax(n_min, imin(n_max, floor_div(row_first + m.offset() + m.window_right + 1, tile_n)))
+      : n_max;
+  // Left mask needed unless the block starts at or after the last row's first visible column.
+  r.n_max_left_masked = m.has_left()
+      ? imin(n_max, imax(n_min, ceil_div_int(row_last + m.offset() - m.window_left, tile_n)))
+      : n_min;
+  return r;
+}
+
+}  // namespace flash3

@@ -1,0 +1,44 @@
+// Internal kernel parameters: the public TensorViews lowered once on the host
+// (after validation) into plain integers the kernels and host heuristics use.
+#pragma once
+#include <cstdint>
+
+#include "flash3/flash3.h"
+
+namespace flash3 {
+
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // may be null: LSE not stored
+
+  DType dtype = DType::kBFloat16;
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
+  int head_dim = 0, head_dim_v = 0;
+
+  // Strides in elements; head_dim stride is 1 for every attention tensor.
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
+
+  float softmax_scale = 0.f;       // already defaulted to 1/sqrt(d)
+  float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e) (or 1/softcap * log2(e) with softcap)
+  float softcap = 0.f;
+
+  // Mask, normalised: causal is local with (left=-1 -> unbounded, right=0).
+  bool is_causal = false;
+  bool is_local = false;
+  int window_left = -1;   // -1: unbounded (only meaningful with is_local)
+  int window_right = -1;
+
+  int num_sm = 0;  // filled by the launcher
+};
+
+// Lowers validated args. Only call after validate_forward() succeeded.
+FwdParams make_fwd_params(const ForwardArgs& args);
+
+}  // namespace flash3

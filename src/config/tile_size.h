@@ -1,0 +1,52 @@
+// The one tile-size table for the forward kernel. Used by the launcher (as
+// constexpr template arguments) and by host-side heuristics/tests, so the two can
+// never disagree. Values follow the seed's Table 4.1 reasoning (SMEM: Q + 2 stages
+// of K and V must fit in 227 KB; registers: the O accumulator is
+// tile_m x dv x 4 bytes spread over the consumer threads).
+#pragma once
+
+namespace flash3 {
+
+struct FwdTileConfig {
+  int tile_m;            // query rows per CTA = 64 x consumer warpgroups
+  int tile_n;            // keys per KV block
+  int num_stages;        // K/V shared-memory ring depth
+  int num_mma_wg;        // consumer warpgroups
+  bool intra_wg_overlap; // GEMM0(j+1) in flight while softmax(j) runs
+  bool pingpong;         // named-barrier turn-taking between consumer warpgroups
+  bool mma_pv_is_rs;     // P read from registers by the PV WGMMA
+  int producer_regs;     // setmaxnreg for the producer warpgroup
+  int consumer_regs;     // setmaxnreg for each consumer warpgroup
+};
+
+constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
+  return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv)) * elem_bytes + 1024;
+}
+
+// causal_or_local: masked problems prefer square-ish tiles (less wasted work on
+// the diagonal). Register budgets from the seed (Listing 5.1):
+// {1 WG: 256/56, 2 WG: 240/24, 3 WG: 160/32}.
+constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local) {
+  if (d <= 64) {
+    // Small O accumulator: 3 consumer warpgroups (192 rows) raise the reuse of
+    // every K/V byte.
+    return {192, causal_or_local ? 128 : 192, 2, 3, true, true, true, 32, 160};
+  }
+  if (d <= 96) {
+    return {128, causal_or_local ? 128 : 176, 2, 2, true, true, true, 24, 240};
+  }
+  if (d <= 128) {
+    // 176 = the largest N with Q + 2x(K+V) stages <= 227 KB at d=128.
+    return {128, causal_or_local ? 128 : 176, 2, 2, true, true, true, 24, 240};
+  }
+  if (d <= 192) {
+    // Q 48 KB + 2 stages of K (and V of dv) must fit; pingpong off for d > 128:
+    // the O accumulator leaves too few registers for two overlapped stages plus
+    // the turn-taking slack (seed 5.3).
+    return {128, dv <= 128 ? 128 : 112, 2, 2, true, false, true, 24, 240};
+  }
+  // d = 256: Q 64 KB + 2 x (80 x 256 x 2) x 2 = 224 KB.
+  return {128, 80, 2, 2, true, false, true, 24, 240};
+}
+
+}  // namespace flash3

@@ -1,0 +1,71 @@
+// Online softmax in base 2 (seed 4.6): softmax_scale * log2(e) is folded into
+// one FMA per score; the row sum stays a per-thread partial until finalize(),
+// which saves two shuffles per KV block on the critical path.
+#pragma once
+#include <cute/tensor.hpp>
+
+#include "common/cute_utils.h"
+
+namespace flash3 {
+
+template <int kNRows>
+struct OnlineSoftmax {
+  float row_max[kNRows];
+  float row_sum[kNRows];  // per-thread partial sums until finalize()
+  float scale_log2;
+
+  CUTLASS_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) { row_max[r] = -INFINITY; row_sum[r] = 0.f; }
+  }
+
+  // S (rows, cols) -> unnormalised P in place; row_scale[r] = factor by which
+  // the O accumulator of row r must be multiplied (1 on the first block).
+  template <bool kIsFirst, class TensorS>
+  CUTLASS_DEVICE void step(TensorS& s, float (&row_scale)[kNRows]) {
+    using namespace cute;
+    static_assert(decltype(size<0>(s))::value == kNRows);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) {
+      float mx = row_max[r];
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
+      mx = quad_allreduce(mx, MaxOp{});
+      // A row masked so far has max -inf: subtract 0 instead so exp2 gives 0, not NaN.
+      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+      row_scale[r] = kIsFirst ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled);
+      row_max[r] = mx;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+        sum += s(r, c);
+      }
+      row_sum[r] = kIsFirst ? sum : row_sum[r] * row_scale[r] + sum;
+    }
+  }
+
+  template <class TensorO>
+  CUTLASS_DEVICE static void rescale_o(TensorO& o, const float (&row_scale)[kNRows]) {
+    using namespace cute;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= row_scale[r];
+    }
+  }
+
+  // After the last block: 1/rowsum into row_scale (0 for empty rows) and the
+  // natural-log LSE (-inf for empty rows).
+  CUTLASS_DEVICE void finalize(float softmax_scale, float (&row_scale)[kNRows], float (&lse)[kNRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) {
+      const float sum = quad_allreduce(row_sum[r], SumOp{});
+      const bool empty = sum == 0.f || sum != sum;
+      row_scale[r] = empty ? 0.f : __frcp_rn(sum);
+      lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + __logf(sum);
+    }
+  }
+};
+
+}  // namespace flash3

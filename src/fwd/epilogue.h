@@ -1,0 +1,80 @@
+// Forward epilogue (seed 4.10): O normalised, converted, staged in shared memory
+// over Q's buffer and written with one TMA store; LSE (natural log) written from
+// registers by the thread owning column 0 of each row.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "common/cute_utils.h"
+#include "common/named_barriers.h"
+#include "fusion/softmax.h"
+#include "scheduler/tile_scheduler.h"
+
+namespace flash3 {
+
+template <class Traits>
+struct FwdEpilogue {
+  using Element = typename Traits::Element;
+  using Params = typename Traits::Params;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+
+  template <class TensorO, int kNRows>
+  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, TileCoord tile, TensorO& tOrO,
+                                   OnlineSoftmax<kNRows>& softmax, int thread_idx) {
+    using TiledMmaPV = typename Traits::TiledMmaPV;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+
+    float inv_sum[kNRows], lse[kNRows];
+    softmax.finalize(params.softmax_scale, inv_sum, lse);
+    {
+      Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+      OnlineSoftmax<kNRows>::rescale_o(o, inv_sum);
+    }
+    Tensor tOrO_out = convert_fragment<Element>(tOrO);
+
+    // sO aliases sQ: wait until every consumer warpgroup is past its last QK^T.
+    named_barrier_sync(Traits::kNumMmaThreads, FwdBarrier::kEpilogue);
+    Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
+    auto smem_tiled_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+    auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(thread_idx);
+    Tensor taccOrO = smem_thr_copy_O.retile_S(tOrO_out);
+    Tensor taccOsO = smem_thr_copy_O.partition_D(sO);
+    copy(smem_tiled_copy_O, taccOrO, taccOsO);
+    // Generic-proxy smem writes must be visible to the async proxy (TMA store).
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(Traits::kNumMmaThreads, FwdBarrier::kEpilogue);
+
+    // LSE: the thread holding column 0 of a row writes it (rows past seqlen_q skipped).
+    if (params.lse != nullptr) {
+      Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+      Tensor tOcO = thr_pv.partition_C(cO);
+      Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+      const int seqlen_q = get<0>(params.shape_q);
+      float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+      if (get<1>(tOcO_rc(0, 0)) == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+          const int row = tile.m_block * kBlockM + get<0>(tOcO_rc(r, 0));
+          if (row < seqlen_q) lse_ptr[row] = lse[r];
+        }
+      }
+    }
+
+    // One thread issues the TMA store; rows past seqlen_q are clipped by the
+    // tensor map. It must wait for the smem reads before the CTA exits.
+    if (thread_idx == 0) {
+      Tensor mO = params.tma_store_o.get_tma_tensor(params.shape_o)(_, _, tile.head, tile.batch);
+      Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(tile.m_block, _0{}));
+      auto block_tma_o = params.tma_store_o.get_slice(_0{});
+      Tensor tOgO = block_tma_o.partition_D(gO);
+      Tensor tOsO = block_tma_o.partition_S(sO);
+      copy(params.tma_store_o, tOsO, tOgO);
+      tma_store_arrive();
+      tma_store_wait<0>();
+    }
+  }
+};
+
+}  // namespace flash3

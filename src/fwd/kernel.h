@@ -1,0 +1,75 @@
+// The forward kernel: shared memory, pipelines and warp roles only
+// (mainloop, epilogue and scheduler do the work).
+//   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA)
+//   warpgroups 1..N: consumers, 64 query rows each (setmaxnreg up)
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "fwd/epilogue.h"
+#include "fwd/kernel_traits.h"
+#include "fwd/mainloop.h"
+#include "scheduler/tile_scheduler.h"
+
+namespace flash3 {
+
+template <class Traits, class Scheduler>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    flash_fwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params) {
+  using SharedStorage = typename Traits::SharedStorage;
+  using MainloopPipeline = typename Traits::MainloopPipeline;
+  extern __shared__ char smem_buf[];
+  SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int warp_group_idx = cutlass::canonical_warp_group_idx();
+  const int lane = threadIdx.x % 32;
+
+  if (warp_idx == 0 && lane == 0) {
+    prefetch_tma_descriptor(params.tma_load_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_load_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_store_o.get_tma_descriptor());
+    ss.barrier_q.init(1);  // one arrival: the producer's arrive_and_expect_tx
+  }
+
+  // Full barriers expect the stage's TMA bytes; empty barriers count every
+  // consumer thread (cluster of 1: each consumer thread arrives on release).
+  typename MainloopPipeline::Params pipe_params;
+  pipe_params.role = warp_group_idx == 0 ? MainloopPipeline::ThreadCategory::Producer
+                                         : MainloopPipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = threadIdx.x == 0;
+  pipe_params.num_consumers = Traits::kNumMmaThreads;
+  pipe_params.transaction_bytes = Traits::kTmaBytesK;
+  MainloopPipeline pipeline_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+  pipe_params.transaction_bytes = Traits::kTmaBytesV;
+  MainloopPipeline pipeline_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  // Barrier initialisation must be visible to every thread before first use.
+  __syncthreads();
+
+  const TileCoord tile = Scheduler::tile(params.num_m_blocks, params.heads_q);
+  const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+
+  if (warp_group_idx == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (warp_idx == 0 && lane == 0) {
+      FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    const int thread_idx = threadIdx.x - 128;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
+    constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
+    OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+    if (!range.empty()) {
+      FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx);
+    } else {
+      clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+    }
+    FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+  }
+}
+
+}  // namespace flash3

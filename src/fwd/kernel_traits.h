@@ -1,0 +1,125 @@
+// Compile-time description of one forward variant: tile shapes, WGMMA atoms,
+// shared-memory layouts, TMA atom types and the shared-storage plan.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "config/tile_size.h"
+#include "fusion/mask.h"
+
+namespace flash3 {
+using namespace cute;
+
+// A tile-config "value type": Cfg::value is the FwdTileConfig to build.
+template <int D, int DV, bool kCausalOrLocal>
+struct DefaultFwdConfig {
+  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal);
+};
+
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
+struct FwdTraits {
+  using Element = Element_;
+  using Mask = Mask_;
+  static constexpr FwdTileConfig kCfg = Cfg::value;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kCfg.tile_m;
+  static constexpr int kBlockN = kCfg.tile_n;
+  static constexpr int kStages = kCfg.num_stages;
+  static constexpr int kNumMmaWG = kCfg.num_mma_wg;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
+  static constexpr bool kIntraWGOverlap = kCfg.intra_wg_overlap;
+  static constexpr bool kPingpong = kCfg.pingpong && kNumMmaWG >= 2;
+  // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,
+  // so ALU writes to the large O accumulator never race the WGMMA (seed 4.5).
+  static constexpr bool kRescaleOBeforeGemm = kHeadDimV > 128 && kIntraWGOverlap;
+  static constexpr int kProducerRegs = kCfg.producer_regs;
+  static constexpr int kConsumerRegs = kCfg.consumer_regs;
+
+  static_assert(kCfg.mma_pv_is_rs, "only the register-sourced PV WGMMA is implemented");
+  static_assert(kBlockM == 64 * kNumMmaWG, "tile_m must be 64 x the number of consumer warpgroups");
+  static_assert(kBlockN % 16 == 0, "tile_n must be a multiple of 16 (WGMMA K of the PV GEMM)");
+  static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims must be multiples of 16");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
+  using AtomLayout = Layout<Shape<Int<kNumMmaWG>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
+  // B = V read MN-major through a transposed view of the K-major V tile: a
+  // descriptor reinterpretation legal for 16-bit WGMMA, no data movement.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  template <int Rows, int Cols>
+  using KMajorAtom =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<Rows>, Int<Cols>>());
+  using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDim>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDimV>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{},
+      make_ordered_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockN>{}, Int<kStages>{}), Step<_2, _1, _3>{})));
+  using SmemLayoutO = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+
+  // Global views are (seqlen, head_dim, head, batch) with unit head_dim stride.
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensorIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}));
+  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, take<0, 2>(SmemLayoutK{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, take<0, 2>(SmemLayoutV{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutO{},
+                                      Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
+
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
+
+  // K and V get separate full/empty pipelines: the overlapped consumer releases
+  // K(j+1) while V(j) is still being read by the PV WGMMA.
+  using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = cutlass::PipelineState<kStages>;
+
+  struct SharedStorage {
+    // 1024-byte alignment: required by the 128-byte TMA/WGMMA swizzle.
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
+    union {
+      // sO reuses sQ: Q is dead once every warpgroup's last QK^T has completed.
+      cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+      cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+    };
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    typename MainloopPipeline::SharedStorage pipeline_k;
+    typename MainloopPipeline::SharedStorage pipeline_v;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
+
+  struct Params {
+    TmaQ tma_load_q;
+    TmaK tma_load_k;
+    TmaV tma_load_v;
+    TmaO tma_store_o;
+    ShapeQKV shape_q, shape_k, shape_v, shape_o;
+    float* lse;
+    int64_t lse_batch_stride, lse_head_stride;
+    MaskSpec mask;
+    int heads_q, heads_per_kv, num_m_blocks;
+    float softmax_scale, softmax_scale_log2;
+  };
+};
+
+}  // namespace flash3

@@ -1,0 +1,277 @@
+// Forward mainloop: the producer's TMA load loop and the consumers' WGMMA +
+// online-softmax loop (seed chapters 4-5).
+//
+// Consumer schedule with intra-warpgroup overlap, per KV block j (descending):
+//   issue S(j) = Q K(j)^T   | issue O += P(j+1) V(j+1)   (both async)
+//   wait S -> release K(j)  | mask + softmax S(j) while the PV GEMM runs
+//   wait PV -> release V(j+1), P(j) = convert(S(j)), rescale O.
+// The first block is a "half block" (GEMM0 + softmax only) and the last PV is a
+// separate half block; the blocks that need a mask are peeled off so the
+// steady-state loop evaluates no mask at all.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/block_info.h"
+#include "common/cute_utils.h"
+#include "common/named_barriers.h"
+#include "fusion/mask.h"
+#include "fusion/softmax.h"
+#include "scheduler/tile_scheduler.h"
+
+namespace flash3 {
+
+template <class Traits>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  using Mask = typename Traits::Mask;
+  using Params = typename Traits::Params;
+  using SharedStorage = typename Traits::SharedStorage;
+  using MainloopPipeline = typename Traits::MainloopPipeline;
+  using PipelineState = typename Traits::PipelineState;
+  static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+
+  // ---------------------------------------------------------------- producer
+  // Runs on one thread (lane 0 of warp 0): TMA needs a single issuing thread,
+  // and the pipelines' producer "leader" is that same thread.
+  CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
+                                  MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range) {
+    if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
+    const int head_kv = tile.head / params.heads_per_kv;
+    Tensor mQ = params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, tile.head, tile.batch);
+    Tensor mK = params.tma_load_k.get_tma_tensor(params.shape_k)(_, _, head_kv, tile.batch);
+    Tensor mV = params.tma_load_v.get_tma_tensor(params.shape_v)(_, _, head_kv, tile.batch);
+    Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}, make_coord(tile.m_block, _0{}));
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_load_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    // (TMA, n_blocks) / (TMA, stages); plain tensors so the lambdas can capture them (C++17).
+    auto k_part = tma_partition(params.tma_load_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto v_part = tma_partition(params.tma_load_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    Tensor tKgK = get<0>(k_part);
+    Tensor tKsK = get<1>(k_part);
+    Tensor tVgV = get<0>(v_part);
+    Tensor tVsV = get<1>(v_part);
+
+    auto load_k = [&](int n_block, PipelineState const& st) {
+      pipeline_k.producer_acquire(st);
+      copy(params.tma_load_k.with(*pipeline_k.producer_get_barrier(st), 0), tKgK(_, n_block), tKsK(_, st.index()));
+    };
+    auto load_v = [&](int n_block, PipelineState const& st) {
+      pipeline_v.producer_acquire(st);
+      copy(params.tma_load_v.with(*pipeline_v.producer_get_barrier(st), 0), tVgV(_, n_block), tVsV(_, st.index()));
+    };
+
+    PipelineState write = cutlass::make_producer_start_state<MainloopPipeline>();
+    int n_block = range.n_max - 1;
+    // K first: the consumers' first GEMM needs K and Q, not V.
+    load_k(n_block, write);
+    ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
+    copy(params.tma_load_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0),
+         tQgQ, tQsQ);
+    if constexpr (Traits::kIntraWGOverlap) {
+      // Consumption order is K(j), V(j+1): issue loads in that order.
+      for (; n_block > range.n_min; --n_block) {
+        PipelineState prev = write;
+        ++write;
+        load_k(n_block - 1, write);
+        load_v(n_block, prev);
+      }
+      load_v(n_block, write);
+    } else {
+      load_v(n_block, write);
+      for (--n_block; n_block >= range.n_min; --n_block) {
+        ++write;
+        load_k(n_block, write);
+        load_v(n_block, write);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- consumer
+  // Pingpong: the warpgroup owns the tensor-core issue turn between sync and arrive.
+  CUTLASS_DEVICE static void scheduler_sync(int wg) {
+    if constexpr (Traits::kPingpong) {
+      named_barrier_sync(2 * 128, static_cast<int>(FwdBarrier::kWarpSchedulerWG1) + wg);
+    }
+  }
+  CUTLASS_DEVICE static void scheduler_arrive(int wg) {
+    if constexpr (Traits::kPingpong) {
+      const int next = (wg + 1) % Traits::kNumMmaWG;
+      named_barrier_arrive(2 * 128, static_cast<int>(FwdBarrier::kWarpSchedulerWG1) + next);
+    }
+  }
+  // Warpgroup 0 takes the first turn: pre-arrive on its own barrier.
+  CUTLASS_DEVICE static void scheduler_init(int wg) {
+    if constexpr (Traits::kPingpong) {
+      if (wg == 0) named_barrier_arrive(2 * 128, static_cast<int>(FwdBarrier::kWarpSchedulerWG1));
+    }
+  }
+
+  // Consumer state that lives across the KV loop.
+  template <class TensorO, class TensorP, int kNRows>
+  struct State {
+    TensorO& tOrO;                  // O accumulator (persistent)
+    TensorP& tOrP;                  // P of the previous block, operand A of the PV GEMM
+    OnlineSoftmax<kNRows>& softmax;
+    float (&row_scale)[kNRows];
+  };
+
+  template <bool kSeqlen, bool kRight, bool kLeft, class TensorS, class TensorC>
+  CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, Params const& params, int m_block,
+                                         int n_block) {
+    if constexpr (kSeqlen || kRight || kLeft) {
+      Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+      Tensor c = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+      apply_mask<kSeqlen, kRight, kLeft>(s, c, params.mask, m_block * kBlockM, n_block * kBlockN);
+    }
+  }
+
+  // Runs the whole KV loop for one tile; on return tOrO holds the unnormalised O.
+  template <class TensorO, int kNRows>
+  CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
+                                 MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range,
+                                 TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
+    using TiledMmaQK = typename Traits::TiledMmaQK;
+    using TiledMmaPV = typename Traits::TiledMmaPV;
+    const int wg = thread_idx / 128;
+    TiledMmaQK tiled_mma_qk;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+    auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor tScS = thr_qk.partition_C(cS);
+    using SFrag = decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a(SFrag{}.layout()));
+    float row_scale[kNRows];
+
+    auto rowcol = [](auto& t) { return make_tensor(t.data(), acc_rowcol(t.layout())); };
+    auto to_p = [&](auto& tSrS) {
+      // tOrP's layout is a reinterpretation of the accumulator's registers
+      // (acc_to_operand_a), so the copy is by register offset, not coordinate.
+      Tensor p = convert_fragment<Element>(tSrS);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tOrP); ++i) tOrP.data()[i] = p.data()[i];
+    };
+
+    clear(tOrO);
+    scheduler_init(wg);
+    ss.barrier_q.wait(0);  // one tile per CTA: Q's barrier completes exactly once
+
+    PipelineState read;  // index 0, phase 0
+    int n_block = range.n_max - 1;
+
+    // First (half) block: GEMM0 + softmax, with the sequence-tail and full mask.
+    {
+      pipeline_k.consumer_wait(read);
+      scheduler_sync(wg);
+      SFrag tSrS;
+      wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+      scheduler_arrive(wg);
+      warpgroup_wait<0>();
+      pipeline_k.consumer_release(read);
+      mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, params, tile.m_block, n_block);
+      Tensor s = rowcol(tSrS);
+      softmax.template step<true>(s, row_scale);
+      if constexpr (Traits::kIntraWGOverlap) {
+        to_p(tSrS);
+      } else {
+        to_p(tSrS);
+        pipeline_v.consumer_wait(read);
+        wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+        pipeline_v.consumer_release(read);
+        ++read;
+      }
+    }
+
+    // One KV block in the steady state (with the mask flavour of the segment).
+    auto one_block = [&](int n, auto seqlen_c, auto right_c, auto left_c) {
+      constexpr bool kS = decltype(seqlen_c)::value, kR = decltype(right_c)::value, kL = decltype(left_c)::value;
+      if constexpr (Traits::kIntraWGOverlap) {
+        PipelineState read_v = read;  // V lags K by one block
+        ++read;
+        pipeline_k.consumer_wait(read);
+        scheduler_sync(wg);
+        SFrag tSrS;
+        wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+        if constexpr (Traits::kRescaleOBeforeGemm) {
+          Tensor o = rowcol(tOrO);
+          OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        }
+        pipeline_v.consumer_wait(read_v);
+        wgmma_gemm<false, -1>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        scheduler_arrive(wg);
+        warpgroup_wait<1>();  // S ready; the PV GEMM may still run
+        pipeline_k.consumer_release(read);
+        mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
+        Tensor s = rowcol(tSrS);
+        softmax.template step<false>(s, row_scale);
+        warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
+        pipeline_v.consumer_release(read_v);
+        to_p(tSrS);
+        if constexpr (!Traits::kRescaleOBeforeGemm) {
+          Tensor o = rowcol(tOrO);
+          OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        }
+      } else {
+        pipeline_k.consumer_wait(read);
+        scheduler_sync(wg);
+        SFrag tSrS;
+        wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+        scheduler_arrive(wg);
+        warpgroup_wait<0>();
+        pipeline_k.consumer_release(read);
+        mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
+        Tensor s = rowcol(tSrS);
+        softmax.template step<false>(s, row_scale);
+        Tensor o = rowcol(tOrO);
+        OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        to_p(tSrS);
+        pipeline_v.consumer_wait(read);
+        wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+        pipeline_v.consumer_release(read);
+        ++read;
+      }
+    };
+    using T = cute::true_type;
+    using F = cute::false_type;
+
+    --n_block;
+    // Blocks crossing the right (causal) bound: full mask, no sequence-tail check.
+    if constexpr (Mask::kHasRight) {
+      const int n_stop = imax(range.n_min_right_masked, range.n_min);
+      for (; n_block >= n_stop; --n_block) one_block(n_block, F{}, T{}, cute::bool_constant<Mask::kHasLeft>{});
+    }
+    // Steady state: no mask evaluated.
+    {
+      const int n_stop = Mask::kHasLeft ? range.n_max_left_masked : range.n_min;
+      for (; n_block >= n_stop; --n_block) one_block(n_block, F{}, F{}, F{});
+    }
+    // Blocks crossing the left (window) bound.
+    if constexpr (Mask::kHasLeft) {
+      for (; n_block >= range.n_min; --n_block) one_block(n_block, F{}, T{}, T{});
+    }
+
+    // Last half block: the final PV GEMM.
+    if constexpr (Traits::kIntraWGOverlap) {
+      if constexpr (Traits::kRescaleOBeforeGemm) {
+        Tensor o = rowcol(tOrO);
+        OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+      }
+      pipeline_v.consumer_wait(read);
+      wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+      pipeline_v.consumer_release(read);
+    }
+  }
+};
+
+}  // namespace flash3

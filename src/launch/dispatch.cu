@@ -1,0 +1,49 @@
+// The one host file that turns runtime options into compile-time variants.
+// (dtype, head_dim, head_dim_v) come from the manifest's kernel_table.inc; the
+// mask variant (none / causal / local) is chosen inside run_fwd.
+#include "launch/dispatch.h"
+
+#include <cutlass/numeric_types.h>
+
+#include "common/cuda_check.h"
+
+namespace flash3 {
+
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_fwd(const FwdParams& params, cudaStream_t stream);
+
+bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v) {
+#define FLASH3_FWD(E, T, D, DV) \
+  if (dtype == DType::E && head_dim == D && head_dim_v == DV) return true;
+#define FLASH3_BWD(E, T, D, DV)
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+  return false;
+}
+
+bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v) {
+#define FLASH3_FWD(E, T, D, DV)
+#define FLASH3_BWD(E, T, D, DV) \
+  if (dtype == DType::E && head_dim == D && head_dim_v == DV) return true;
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+  return false;
+}
+
+Status launch_forward(const FwdParams& params, cudaStream_t stream) {
+#define FLASH3_FWD(E, T, D, DV)                                                        \
+  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
+    return run_fwd<T, D, DV>(params, stream);                                          \
+  }
+#define FLASH3_BWD(E, T, D, DV)
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+  return Status::NotSupported("forward kernel for dtype " + std::string(dtype_name(params.dtype)) +
+                              ", head_dim " + std::to_string(params.head_dim) + ", head_dim_v " +
+                              std::to_string(params.head_dim_v) + " is not built in this library");
+}
+
+}  // namespace flash3

@@ -1,0 +1,85 @@
+// Forward launch template: builds the TMA descriptors and kernel params for one
+// (dtype, head_dim, head_dim_v) and picks the mask variant at run time.
+// Instantiated once per manifest row (build/generated/fwd_*.cu).
+#pragma once
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "common/cuda_check.h"
+#include "common/params.h"
+#include "fwd/kernel.h"
+
+namespace flash3 {
+
+template <class Traits, class Scheduler>
+Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  using namespace cute;
+  typename Traits::Params kp{};
+  // K/V extents: a tensor map needs every dimension >= 1; with seqlen_k == 0 no
+  // KV block is ever loaded (the tile range is empty).
+  const int sk = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  auto shape_q = make_shape(int32_t(p.seqlen_q), int32_t(p.head_dim), int32_t(p.heads_q), int32_t(p.batch));
+  auto shape_k = make_shape(int32_t(sk), int32_t(p.head_dim), int32_t(p.heads_kv), int32_t(p.batch));
+  auto shape_v = make_shape(int32_t(sk), int32_t(p.head_dim_v), int32_t(p.heads_kv), int32_t(p.batch));
+  auto shape_o = make_shape(int32_t(p.seqlen_q), int32_t(p.head_dim_v), int32_t(p.heads_q), int32_t(p.batch));
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), shape_q,
+                          make_stride(p.q_row_stride, _1{}, p.q_head_stride, p.q_batch_stride));
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), shape_k,
+                          make_stride(p.k_row_stride, _1{}, p.k_head_stride, p.k_batch_stride));
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), shape_v,
+                          make_stride(p.v_row_stride, _1{}, p.v_head_stride, p.v_batch_stride));
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o)), shape_o,
+                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
+  kp.tma_load_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{},
+                                Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_load_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename Traits::SmemLayoutK{}),
+                                Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_load_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename Traits::SmemLayoutV{}),
+                                Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{});
+  kp.tma_store_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{},
+                                 Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{}, _1{});
+  kp.shape_q = shape_q;
+  kp.shape_k = shape_k;
+  kp.shape_v = shape_v;
+  kp.shape_o = shape_o;
+  kp.lse = p.lse;
+  kp.lse_batch_stride = p.lse_batch_stride;
+  kp.lse_head_stride = p.lse_head_stride;
+  kp.mask.seqlen_q = p.seqlen_q;
+  kp.mask.seqlen_k = p.seqlen_k;
+  kp.mask.window_left = p.is_local ? p.window_left : -1;
+  kp.mask.window_right = p.is_causal ? 0 : (p.is_local ? p.window_right : -1);
+  kp.heads_q = p.heads_q;
+  kp.heads_per_kv = p.heads_q / p.heads_kv;
+  kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  kp.softmax_scale = p.softmax_scale;
+  kp.softmax_scale_log2 = p.softmax_scale_log2;
+
+  auto kernel = flash_fwd_kernel<Traits, Scheduler>;
+  constexpr int smem = Traits::kSmemBytes;
+  FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch);
+  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
+  return check_last_launch("flash3 forward kernel launch");
+}
+
+// Mask variant and scheduler: causal/local tiles are unequal, so they use the
+// longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.is_local) {
+    using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, true>, MaskLocal>;
+    return launch_fwd_variant<Traits, LptTileScheduler>(p, stream);
+  }
+  if (p.is_causal) {
+    using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, true>, MaskCausal>;
+    return launch_fwd_variant<Traits, LptTileScheduler>(p, stream);
+  }
+  using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, false>, MaskNone>;
+  return launch_fwd_variant<Traits, SingleTileScheduler>(p, stream);
+}
+
+}  // namespace flash3

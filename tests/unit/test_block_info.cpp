@@ -1,0 +1,132 @@
+// Host-side kernel logic: the KV block ranges and mask segments the forward
+// kernel iterates (src/common/block_info.h), and the tile-size table.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "common/block_info.h"
+#include "config/tile_size.h"
+
+namespace {
+
+using flash3::MaskSpec;
+using flash3::NBlockRange;
+
+bool visible(const MaskSpec& m, int i, int j) {
+  if (j < 0 || j >= m.seqlen_k) return false;
+  const int off = m.seqlen_k - m.seqlen_q;
+  if (m.window_right >= 0 && j > i + off + m.window_right) return false;
+  if (m.window_left >= 0 && j < i + off - m.window_left) return false;
+  return true;
+}
+
+// Checks every invariant the kernel relies on for one m_block.
+void check_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
+  const NBlockRange r = flash3::fwd_n_block_range(m, m_block, tile_m, tile_n);
+  SCOPED_TRACE(testing::Message() << "sq=" << m.seqlen_q << " sk=" << m.seqlen_k << " wl=" << m.window_left
+                                  << " wr=" << m.window_right << " m_block=" << m_block << " tile " << tile_m
+                                  << "x" << tile_n << " -> [" << r.n_min << "," << r.n_max << ") right>="
+                                  << r.n_min_right_masked << " left<" << r.n_max_left_masked);
+  const int num_n = (m.seqlen_k + tile_n - 1) / tile_n;
+  ASSERT_GE(r.n_min, 0);
+  ASSERT_LE(r.n_max, num_n);
+  for (int n = 0; n < num_n; ++n) {
+    bool any_visible = false, all_visible = true;
+    for (int i = m_block * tile_m; i < std::min((m_block + 1) * tile_m, m.seqlen_q); ++i) {
+      for (int j = n * tile_n; j < (n + 1) * tile_n; ++j) {
+        const bool v = visible(m, i, j);
+        any_visible |= v;
+        all_visible &= v;
+      }
+    }
+    const bool in_range = !r.empty() && n >= r.n_min && n < r.n_max;
+    // Every visible pair of a real row is inside the visited range.
+    if (any_visible) EXPECT_TRUE(in_range) << "block " << n << " has visible pairs but is skipped";
+    // Blocks the kernel runs without any mask (not the first, seqlen-masked one;
+    // not in a right/left masked segment) must be fully visible.
+    const bool unmasked = in_range && n != r.n_max - 1 && n < r.n_min_right_masked && n >= r.n_max_left_masked;
+    if (unmasked) EXPECT_TRUE(all_visible) << "block " << n << " runs unmasked but has masked pairs";
+  }
+  EXPECT_LE(r.n_min_right_masked, std::max(r.n_max, r.n_min));
+  EXPECT_GE(r.n_min_right_masked, r.n_min);
+}
+
+void sweep(int wl, int wr, int tile_m, int tile_n, unsigned seed) {
+  std::mt19937 rng(seed);
+  for (int t = 0; t < 60; ++t) {
+    MaskSpec m;
+    m.seqlen_q = 1 + rng() % 700;
+    m.seqlen_k = rng() % 700;
+    m.window_left = wl;
+    m.window_right = wr;
+    const int num_m = (m.seqlen_q + tile_m - 1) / tile_m;
+    for (int mb = 0; mb < num_m; ++mb) check_tile(m, mb, tile_m, tile_n);
+  }
+}
+
+TEST(BlockRange, NoMaskVisitsEveryBlock) {
+  MaskSpec m{1000, 1000, -1, -1};
+  const NBlockRange r = flash3::fwd_n_block_range(m, 3, 128, 176);
+  EXPECT_EQ(r.n_min, 0);
+  EXPECT_EQ(r.n_max, 6);  // ceil(1000 / 176)
+  sweep(-1, -1, 128, 176, 1);
+}
+
+TEST(BlockRange, CausalEqualLengthsStopsAtDiagonal) {
+  MaskSpec m{1024, 1024, -1, 0};
+  const NBlockRange r = flash3::fwd_n_block_range(m, 2, 128, 128);
+  EXPECT_EQ(r.n_min, 0);
+  EXPECT_EQ(r.n_max, 3);
+  EXPECT_EQ(r.n_min_right_masked, 2);  // only the diagonal block needs the mask
+  sweep(-1, 0, 128, 128, 2);
+}
+
+TEST(BlockRange, CausalBottomRightWhenSeqlensDiffer) {
+  // sq > sk: the first rows see nothing (their tile is empty).
+  MaskSpec m{1023, 113, -1, 0};
+  EXPECT_TRUE(flash3::fwd_n_block_range(m, 0, 128, 128).empty());
+  EXPECT_FALSE(flash3::fwd_n_block_range(m, 7, 128, 128).empty());
+  sweep(-1, 0, 128, 176, 3);
+  sweep(-1, 0, 192, 128, 4);
+}
+
+TEST(BlockRange, SlidingWindowBothSides) {
+  MaskSpec m{4096, 4096, 256, 256};
+  const NBlockRange r = flash3::fwd_n_block_range(m, 10, 128, 128);
+  EXPECT_EQ(r.n_min, 8);   // row 1280 - 256 = 1024 -> block 8
+  EXPECT_EQ(r.n_max, 13);  // last row 1407 + 256 = 1663 lies in block 12
+  sweep(256, 256, 128, 128, 5);
+  sweep(128, 0, 128, 80, 6);
+  sweep(0, 0, 192, 128, 7);
+  sweep(5, -1, 128, 112, 8);
+}
+
+TEST(BlockRange, EmptyKeysGiveEmptyRange) {
+  MaskSpec m{17, 0, -1, -1};
+  EXPECT_TRUE(flash3::fwd_n_block_range(m, 0, 128, 128).empty());
+}
+
+TEST(BlockRange, FloorAndCeilDivOnNegatives) {
+  EXPECT_EQ(flash3::floor_div(-1, 128), -1);
+  EXPECT_EQ(flash3::floor_div(-128, 128), -1);
+  EXPECT_EQ(flash3::floor_div(-129, 128), -2);
+  EXPECT_EQ(flash3::ceil_div_int(-1, 128), 0);
+  EXPECT_EQ(flash3::ceil_div_int(129, 128), 2);
+}
+
+TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {
+  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+  for (auto& d : dims) {
+    for (bool masked : {false, true}) {
+      const flash3::FwdTileConfig c = flash3::fwd_tile_config(d[0], d[1], masked);
+      SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1] << " masked=" << masked);
+      EXPECT_EQ(c.tile_m, 64 * c.num_mma_wg);
+      EXPECT_EQ(c.tile_n % 16, 0);
+      EXPECT_LE(flash3::fwd_smem_bytes(c, d[0], d[1], 2), 227 * 1024);
+      EXPECT_LE(c.producer_regs * 128 + c.consumer_regs * 128 * c.num_mma_wg, 65536);
+      EXPECT_EQ(c.consumer_regs % 8, 0);  // setmaxnreg takes multiples of 8
+    }
+  }
+}
+
+}  // namespace
