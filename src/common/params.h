@@ -7,6 +7,10 @@
 
 namespace flash3 {
 
+// Forward schedule ablation (only honoured in -DFLASH3_ABLATION=ON builds, bf16 d=128):
+// the FLASH3_FWD_SCHEDULE environment variable picks it (see docs/performance.md).
+enum class FwdSchedule : int { kDefault = 0, kNoPingpong = 1, kNoOverlap = 2, kNeither = 3 };
+
 struct FwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -35,7 +39,7 @@ struct FwdParams {
   int window_left = -1;   // -1: unbounded (only meaningful with is_local)
   int window_right = -1;
 
-  int num_sm = 0;  // filled by the launcher
+  FwdSchedule schedule = FwdSchedule::kDefault;
 };
 
 // Lowers validated args. Only call after validate_forward() succeeded.

@@ -3,6 +3,7 @@
 // Instantiated once per manifest row (build/generated/fwd_*.cu).
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -66,20 +67,50 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   return check_last_launch("flash3 forward kernel launch");
 }
 
+// Ablation configs (docs/performance.md): the default tile config with the
+// intra-warpgroup overlap and/or pingpong switched off. Built only with
+// -DFLASH3_ABLATION=ON, for bf16 d=128, and chosen by FwdParams::schedule.
+template <class Base, bool kOverlap, bool kPingpong>
+struct AblatedFwdConfig {
+  static constexpr FwdTileConfig make() {
+    FwdTileConfig c = Base::value;
+    c.intra_wg_overlap = kOverlap;
+    c.pingpong = kPingpong;
+    return c;
+  }
+  static constexpr FwdTileConfig value = make();
+};
+
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
+Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
+  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal>;
+#ifdef FLASH3_ABLATION
+  if constexpr (kHeadDim == 128 && kHeadDimV == 128 && std::is_same_v<Element, cutlass::bfloat16_t>) {
+    switch (p.schedule) {
+      case FwdSchedule::kNoPingpong:
+        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, true, false>, Mask>,
+                                  Scheduler>(p, stream);
+      case FwdSchedule::kNoOverlap:
+        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, false, true>, Mask>,
+                                  Scheduler>(p, stream);
+      case FwdSchedule::kNeither:
+        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, false, false>, Mask>,
+                                  Scheduler>(p, stream);
+      default:
+        break;
+    }
+  }
+#endif
+  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Scheduler>(p, stream);
+}
+
 // Mask variant and scheduler: causal/local tiles are unequal, so they use the
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.is_local) {
-    using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, true>, MaskLocal>;
-    return launch_fwd_variant<Traits, LptTileScheduler>(p, stream);
-  }
-  if (p.is_causal) {
-    using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, true>, MaskCausal>;
-    return launch_fwd_variant<Traits, LptTileScheduler>(p, stream);
-  }
-  using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, DefaultFwdConfig<kHeadDim, kHeadDimV, false>, MaskNone>;
-  return launch_fwd_variant<Traits, SingleTileScheduler>(p, stream);
+  if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
+  if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+  return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
 }
 
 }  // namespace flash3

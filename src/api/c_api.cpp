@@ -1,0 +1,235 @@
+// C ABI over the C++ API (flash3_c.h). No exception crosses this boundary; the
+// message of the last failure on the calling thread is kept in a thread_local
+// string (successful calls leave it unchanged).
+#include <exception>
+#include <new>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+#include "flash3/flash3_c.h"
+
+static_assert(static_cast<int>(flash3::StatusCode::kOk) == FLASH3_OK, "status mismatch");
+static_assert(static_cast<int>(flash3::StatusCode::kInvalidArgument) == FLASH3_INVALID_ARGUMENT, "status mismatch");
+static_assert(static_cast<int>(flash3::StatusCode::kNotSupported) == FLASH3_NOT_SUPPORTED, "status mismatch");
+static_assert(static_cast<int>(flash3::StatusCode::kCudaError) == FLASH3_CUDA_ERROR, "status mismatch");
+static_assert(static_cast<int>(flash3::StatusCode::kInternal) == FLASH3_INTERNAL, "status mismatch");
+static_assert(static_cast<int>(flash3::DType::kFloat16) == FLASH3_FP16, "dtype mismatch");
+static_assert(static_cast<int>(flash3::DType::kBFloat16) == FLASH3_BF16, "dtype mismatch");
+static_assert(static_cast<int>(flash3::DType::kFloat32) == FLASH3_FP32, "dtype mismatch");
+static_assert(static_cast<int>(flash3::DType::kFloat8E4M3) == FLASH3_FP8_E4M3, "dtype mismatch");
+
+namespace {
+
+thread_local std::string g_last_error;
+
+void set_last_error(const char* where, const std::string& msg) noexcept {
+  try {
+    g_last_error = std::string(where) + ": " + msg;
+  } catch (...) {
+    // Out of memory while recording the message: keep whatever was there.
+  }
+}
+
+flash3_status report(const char* where, const flash3::Status& s) noexcept {
+  if (s.ok()) return FLASH3_OK;
+  set_last_error(where, s.message);
+  switch (s.code) {
+    case flash3::StatusCode::kInvalidArgument: return FLASH3_INVALID_ARGUMENT;
+    case flash3::StatusCode::kNotSupported: return FLASH3_NOT_SUPPORTED;
+    case flash3::StatusCode::kCudaError: return FLASH3_CUDA_ERROR;
+    default: return FLASH3_INTERNAL;
+  }
+}
+
+flash3_status report_exception(const char* where) noexcept {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    set_last_error(where, "out of host memory");
+  } catch (const std::exception& e) {
+    set_last_error(where, std::string("unexpected exception: ") + e.what());
+  } catch (...) {
+    set_last_error(where, "unexpected exception");
+  }
+  return FLASH3_INTERNAL;
+}
+
+bool valid_dtype(int32_t d) { return d >= FLASH3_FP16 && d <= FLASH3_FP8_E4M3; }
+
+// NULL -> an undefined view (missing / not stored; validation reports it where required).
+flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorView* out) {
+  *out = flash3::TensorView{};
+  if (t == nullptr) return flash3::Status::Ok();
+  if (!valid_dtype(t->dtype))
+    return flash3::Status::Invalid(std::string(name) + ".dtype is " + std::to_string(t->dtype) +
+                                   "; expected FLASH3_FP16 (0), FLASH3_BF16 (1), FLASH3_FP32 (2) or FLASH3_FP8_E4M3 (3)");
+  if (t->ndim < 0 || t->ndim > 4)
+    return flash3::Status::Invalid(std::string(name) + ".ndim is " + std::to_string(t->ndim) + "; expected 0 to 4");
+  out->data = t->data;
+  out->dtype = static_cast<flash3::DType>(t->dtype);
+  out->ndim = t->ndim;
+  for (int i = 0; i < 4; ++i) {
+    out->shape[i] = i < t->ndim ? t->shape[i] : 0;
+    out->stride[i] = i < t->ndim ? t->stride[i] : 0;
+  }
+  return flash3::Status::Ok();
+}
+
+flash3::AttentionOptions to_options(const flash3_options* o) {
+  flash3::AttentionOptions r;
+  if (o == nullptr) return r;
+  r.softmax_scale = o->softmax_scale;
+  r.causal = o->causal != 0;
+  r.window_left = o->window_left;
+  r.window_right = o->window_right;
+  r.softcap = o->softcap;
+  r.deterministic = o->deterministic != 0;
+  r.cu_seqlens_q = o->cu_seqlens_q;
+  r.cu_seqlens_k = o->cu_seqlens_k;
+  r.max_seqlen_q = o->max_seqlen_q;
+  r.max_seqlen_k = o->max_seqlen_k;
+  return r;
+}
+
+#define FLASH3_C_TRY(where, expr)                 \
+  do {                                            \
+    ::flash3::Status _st = (expr);                \
+    if (!_st.ok()) return report(where, _st);     \
+  } while (0)
+
+flash3::Status forward_args(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                            const flash3_tensor* out, const flash3_tensor* lse, const flash3_options* opts,
+                            flash3::ForwardArgs* a) {
+  const struct {
+    const flash3_tensor* t;
+    const char* name;
+    flash3::TensorView* view;
+  } items[] = {{q, "q", &a->q}, {k, "k", &a->k}, {v, "v", &a->v}, {out, "out", &a->out}, {lse, "lse", &a->lse}};
+  for (const auto& it : items) {
+    flash3::Status s = to_view(it.t, it.name, it.view);
+    if (!s.ok()) return s;
+  }
+  a->opts = to_options(opts);
+  return flash3::Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+flash3_options flash3_default_options(void) {
+  flash3_options o;
+  o.softmax_scale = 0.f;
+  o.causal = 0;
+  o.window_left = -1;
+  o.window_right = -1;
+  o.softcap = 0.f;
+  o.deterministic = 0;
+  o.cu_seqlens_q = nullptr;
+  o.cu_seqlens_k = nullptr;
+  o.max_seqlen_q = 0;
+  o.max_seqlen_k = 0;
+  return o;
+}
+
+flash3_status flash3_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                             const flash3_tensor* out, const flash3_tensor* lse, const flash3_options* opts,
+                             void* stream) {
+  static const char* kWhere = "flash3_forward";
+  try {
+    flash3::ForwardArgs a;
+    FLASH3_C_TRY(kWhere, forward_args(q, k, v, out, lse, opts, &a));
+    return report(kWhere, flash3::forward(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
+flash3_status flash3_backward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                              const flash3_tensor* out, const flash3_tensor* dout, const flash3_tensor* lse,
+                              const flash3_tensor* dlse, const flash3_tensor* dq, const flash3_tensor* dk,
+                              const flash3_tensor* dv, const flash3_options* opts, void* workspace,
+                              size_t workspace_bytes, void* stream) {
+  static const char* kWhere = "flash3_backward";
+  try {
+    flash3::BackwardArgs a;
+    FLASH3_C_TRY(kWhere, to_view(q, "q", &a.q));
+    FLASH3_C_TRY(kWhere, to_view(k, "k", &a.k));
+    FLASH3_C_TRY(kWhere, to_view(v, "v", &a.v));
+    FLASH3_C_TRY(kWhere, to_view(out, "out", &a.out));
+    FLASH3_C_TRY(kWhere, to_view(dout, "dout", &a.dout));
+    FLASH3_C_TRY(kWhere, to_view(lse, "lse", &a.lse));
+    FLASH3_C_TRY(kWhere, to_view(dlse, "dlse", &a.dlse));
+    FLASH3_C_TRY(kWhere, to_view(dq, "dq", &a.dq));
+    FLASH3_C_TRY(kWhere, to_view(dk, "dk", &a.dk));
+    FLASH3_C_TRY(kWhere, to_view(dv, "dv", &a.dv));
+    a.opts = to_options(opts);
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return report(kWhere, flash3::backward(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
+size_t flash3_backward_workspace_size(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                      const flash3_options* opts) {
+  try {
+    flash3::BackwardArgs a;
+    if (!to_view(q, "q", &a.q).ok() || !to_view(k, "k", &a.k).ok() || !to_view(v, "v", &a.v).ok()) return 0;
+    a.opts = to_options(opts);
+    return flash3::backward_workspace_size(a);
+  } catch (...) {
+    (void)report_exception("flash3_backward_workspace_size");
+    return 0;
+  }
+}
+
+flash3_status flash3_validate_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                      const flash3_tensor* out, const flash3_tensor* lse, const flash3_options* opts) {
+  static const char* kWhere = "flash3_validate_forward";
+  try {
+    flash3::ForwardArgs a;
+    FLASH3_C_TRY(kWhere, forward_args(q, k, v, out, lse, opts, &a));
+    return report(kWhere, flash3::validate_forward(a));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
+int flash3_forward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v) {
+  try {
+    return valid_dtype(dtype) && flash3::forward_is_built(static_cast<flash3::DType>(dtype), head_dim, head_dim_v);
+  } catch (...) {
+    return 0;
+  }
+}
+
+int flash3_backward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v) {
+  try {
+    return valid_dtype(dtype) && flash3::backward_is_built(static_cast<flash3::DType>(dtype), head_dim, head_dim_v);
+  } catch (...) {
+    return 0;
+  }
+}
+
+// On 0, flash3_last_error() says why.
+int flash3_device_is_supported(void) {
+  try {
+    std::string why;
+    if (flash3::device_is_supported(&why)) return 1;
+    set_last_error("flash3_device_is_supported", why);
+    return 0;
+  } catch (...) {
+    (void)report_exception("flash3_device_is_supported");
+    return 0;
+  }
+}
+
+const char* flash3_last_error(void) { return g_last_error.c_str(); }
+
+const char* flash3_version(void) { return flash3::version(); }
+
+}  // extern "C"

@@ -1,0 +1,47 @@
+// Argument validation and lowering of validated arguments into kernel params.
+//
+// The public entry points validate_forward()/validate_backward() (flash3.h) run,
+// in order:
+//   1. structural checks (options, presence, ndim, sizes, dtypes, head dims,
+//      shapes, strides, alignment, 32-bit offsets)       -> kInvalidArgument / kNotSupported (fp8)
+//   2. an empty problem (batch == 0 or seqlen_q == 0) stops here: it is valid
+//      and needs neither a kernel nor a device
+//   3. kernel availability for (dtype, head_dim, head_dim_v) -> kNotSupported
+//   4. device checks (pointer kinds, current device is sm_90), skipped when the
+//      environment variable FLASH3_SKIP_DEVICE_CHECK=1     -> kInvalidArgument / kCudaError / kNotSupported
+// The pieces are exposed here for forward()/backward() and the unit tests.
+#pragma once
+#include <string>
+
+#include "common/params.h"
+#include "flash3/flash3.h"
+
+namespace flash3 {
+
+// True when FLASH3_SKIP_DEVICE_CHECK=1 (read on every call).
+bool device_check_skipped();
+
+// Step 1 only.
+Status check_forward_structure(const ForwardArgs& args);
+Status check_backward_structure(const BackwardArgs& args);
+
+// Whether the (structurally valid) problem has no query rows: batch == 0 or
+// seqlen_q == 0 (varlen: total_q == 0).
+bool forward_is_empty(const ForwardArgs& args);
+bool backward_is_empty(const BackwardArgs& args);
+
+// Step 3: NotSupported naming (pass, dtype, head_dim, head_dim_v) and the built list.
+Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head_dim_v);
+// "bf16 64x64, bf16 128x128, ..." or "none".
+std::string built_kernels_list(bool forward_pass);
+
+// Step 4 (not affected by FLASH3_SKIP_DEVICE_CHECK: callers decide).
+// ptr must be device memory on the current device (or managed memory);
+// a null ptr is accepted (empty tensors).
+Status check_device_pointer(const char* name, const void* ptr);
+// The current device must be an sm_90 GPU.
+Status check_current_device();
+Status check_forward_device(const ForwardArgs& args);
+Status check_backward_device(const BackwardArgs& args);
+
+}  // namespace flash3

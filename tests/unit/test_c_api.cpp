@@ -1,0 +1,280 @@
+// CPU tests of the C ABI (include/flash3/flash3_c.h): defaults, status codes,
+// flash3_last_error(), NULL handling and agreement with the C++ API. Uses fake,
+// aligned device addresses with FLASH3_SKIP_DEVICE_CHECK=1 (nothing is launched).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <thread>
+
+#include "flash3/flash3.h"
+#include "flash3/flash3_c.h"
+
+namespace {
+
+constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
+
+flash3_tensor tensor(uintptr_t addr, int32_t dtype, int32_t ndim, std::initializer_list<int64_t> shape) {
+  flash3_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = reinterpret_cast<void*>(addr);
+  t.dtype = dtype;
+  t.ndim = ndim;
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t running = 1;
+  for (int j = ndim - 1; j >= 0; --j) {
+    t.stride[j] = running;
+    running *= t.shape[j] > 0 ? t.shape[j] : 1;
+  }
+  return t;
+}
+
+// (b, sq, sk, hq, hkv, d) = (2, 128, 256, 8, 2, 64), bf16.
+struct Fwd {
+  flash3_tensor q = tensor(0x1000000, FLASH3_BF16, 4, {2, 128, 8, 64});
+  flash3_tensor k = tensor(0x2000000, FLASH3_BF16, 4, {2, 256, 2, 64});
+  flash3_tensor v = tensor(0x3000000, FLASH3_BF16, 4, {2, 256, 2, 64});
+  flash3_tensor out = tensor(0x4000000, FLASH3_BF16, 4, {2, 128, 8, 64});
+  flash3_tensor lse = tensor(0x5000000, FLASH3_FP32, 3, {2, 8, 128});
+  flash3_options opts = flash3_default_options();
+
+  flash3_status validate(bool with_lse = true) const {
+    return flash3_validate_forward(&q, &k, &v, &out, with_lse ? &lse : nullptr, &opts);
+  }
+  flash3_status forward() const { return flash3_forward(&q, &k, &v, &out, &lse, &opts, nullptr); }
+};
+
+struct Bwd {
+  Fwd f;
+  flash3_tensor dout = tensor(0x6000000, FLASH3_BF16, 4, {2, 128, 8, 64});
+  flash3_tensor dq = tensor(0x7000000, FLASH3_BF16, 4, {2, 128, 8, 64});
+  flash3_tensor dk = tensor(0x8000000, FLASH3_BF16, 4, {2, 256, 2, 64});
+  flash3_tensor dv = tensor(0x9000000, FLASH3_BF16, 4, {2, 256, 2, 64});
+
+  flash3_status run(const flash3_tensor* dout_p, const flash3_tensor* lse_p) const {
+    return flash3_backward(&f.q, &f.k, &f.v, &f.out, dout_p, lse_p, nullptr, &dq, &dk, &dv, &f.opts, nullptr, 0, nullptr);
+  }
+};
+
+std::string last_error() { return flash3_last_error(); }
+
+bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
+
+// A valid request is OK when its kernel is built here, NOT_SUPPORTED otherwise.
+flash3_status expected_for_valid_bf16_64() {
+  return flash3_forward_is_built(FLASH3_BF16, 64, 64) ? FLASH3_OK : FLASH3_NOT_SUPPORTED;
+}
+
+class CApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* v = std::getenv(kSkipEnv);
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+    setenv(kSkipEnv, "1", 1);
+  }
+  void TearDown() override {
+    if (had_) setenv(kSkipEnv, old_.c_str(), 1);
+    else unsetenv(kSkipEnv);
+  }
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST_F(CApi, DefaultOptions) {
+  const flash3_options o = flash3_default_options();
+  EXPECT_EQ(o.softmax_scale, 0.f);
+  EXPECT_EQ(o.causal, 0);
+  EXPECT_EQ(o.window_left, -1);
+  EXPECT_EQ(o.window_right, -1);
+  EXPECT_EQ(o.softcap, 0.f);
+  EXPECT_EQ(o.deterministic, 0);
+  EXPECT_EQ(o.cu_seqlens_q, nullptr);
+  EXPECT_EQ(o.cu_seqlens_k, nullptr);
+  EXPECT_EQ(o.max_seqlen_q, 0);
+  EXPECT_EQ(o.max_seqlen_k, 0);
+  // The C defaults are the C++ defaults.
+  const flash3::AttentionOptions cpp;
+  EXPECT_EQ(o.window_left, cpp.window_left);
+  EXPECT_EQ(o.window_right, cpp.window_right);
+  EXPECT_EQ(o.softcap, cpp.softcap);
+}
+
+TEST_F(CApi, VersionString) {
+  ASSERT_NE(flash3_version(), nullptr);
+  EXPECT_STREQ(flash3_version(), "0.1.0");
+  EXPECT_STREQ(flash3_version(), flash3::version());
+}
+
+TEST_F(CApi, EnumsMatchCpp) {
+  EXPECT_EQ(FLASH3_INVALID_ARGUMENT, static_cast<int>(flash3::StatusCode::kInvalidArgument));
+  EXPECT_EQ(FLASH3_NOT_SUPPORTED, static_cast<int>(flash3::StatusCode::kNotSupported));
+  EXPECT_EQ(FLASH3_CUDA_ERROR, static_cast<int>(flash3::StatusCode::kCudaError));
+  EXPECT_EQ(FLASH3_BF16, static_cast<int>(flash3::DType::kBFloat16));
+  EXPECT_EQ(FLASH3_FP8_E4M3, static_cast<int>(flash3::DType::kFloat8E4M3));
+}
+
+TEST_F(CApi, ValidForwardArguments) {
+  Fwd f;
+  EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << last_error();
+  EXPECT_EQ(f.validate(/*with_lse=*/false), expected_for_valid_bf16_64()) << last_error();
+}
+
+TEST_F(CApi, InvalidArgumentSetsLastError) {
+  Fwd f;
+  f.k.dtype = FLASH3_FP16;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  const std::string msg = last_error();
+  EXPECT_TRUE(contains(msg, "k.dtype")) << msg;
+  EXPECT_TRUE(contains(msg, "fp16")) << msg;
+  EXPECT_EQ(f.forward(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "flash3_forward")) << last_error();
+}
+
+TEST_F(CApi, NullTensorPointers) {
+  Fwd f;
+  EXPECT_EQ(flash3_validate_forward(nullptr, &f.k, &f.v, &f.out, nullptr, &f.opts), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "q is missing")) << last_error();
+  EXPECT_EQ(flash3_forward(&f.q, &f.k, &f.v, nullptr, nullptr, nullptr, nullptr), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "out is missing")) << last_error();
+  EXPECT_EQ(flash3_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), FLASH3_INVALID_ARGUMENT);
+}
+
+TEST_F(CApi, NullOptionsMeanDefaults) {
+  Fwd f;
+  EXPECT_EQ(flash3_validate_forward(&f.q, &f.k, &f.v, &f.out, &f.lse, nullptr), expected_for_valid_bf16_64())
+      << last_error();
+}
+
+TEST_F(CApi, OptionsAreForwarded) {
+  Fwd f;
+  f.opts.causal = 1;
+  f.opts.window_right = 3;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "causal implies window_right == 0")) << last_error();
+  f.opts = flash3_default_options();
+  f.opts.softcap = -2.f;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.softcap")) << last_error();
+}
+
+TEST_F(CApi, BadDtypeEnum) {
+  Fwd f;
+  f.q.dtype = 9;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "q.dtype is 9")) << last_error();
+}
+
+TEST_F(CApi, BadNdim) {
+  Fwd f;
+  f.v.ndim = 7;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "v.ndim is 7")) << last_error();
+}
+
+TEST_F(CApi, Fp8IsNotSupported) {
+  Fwd f;
+  f.q.dtype = f.k.dtype = f.v.dtype = f.out.dtype = FLASH3_FP8_E4M3;
+  EXPECT_EQ(f.validate(), FLASH3_NOT_SUPPORTED);
+  EXPECT_TRUE(contains(last_error(), "fp8")) << last_error();
+}
+
+TEST_F(CApi, MisalignedLse) {
+  Fwd f;
+  f.lse.data = reinterpret_cast<void*>(0x5000001);
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "lse.data")) << last_error();
+}
+
+TEST_F(CApi, EmptyForwardIsOk) {
+  Fwd f;
+  f.q = tensor(0, FLASH3_BF16, 4, {2, 0, 8, 64});
+  f.out = tensor(0, FLASH3_BF16, 4, {2, 0, 8, 64});
+  f.lse = tensor(0, FLASH3_FP32, 3, {2, 8, 0});
+  EXPECT_EQ(f.forward(), FLASH3_OK) << last_error();
+}
+
+TEST_F(CApi, IsBuiltMatchesCpp) {
+  for (int32_t dt : {FLASH3_FP16, FLASH3_BF16})
+    for (int d : {64, 96, 128, 192, 256}) {
+      EXPECT_EQ(flash3_forward_is_built(dt, d, d) != 0, flash3::forward_is_built(static_cast<flash3::DType>(dt), d, d));
+      EXPECT_EQ(flash3_backward_is_built(dt, d, d) != 0,
+                flash3::backward_is_built(static_cast<flash3::DType>(dt), d, d));
+    }
+  EXPECT_EQ(flash3_forward_is_built(FLASH3_FP16, 32, 32), 0);  // never in the manifest
+  EXPECT_EQ(flash3_forward_is_built(FLASH3_FP32, 64, 64), 0);
+  EXPECT_EQ(flash3_forward_is_built(42, 64, 64), 0);
+  EXPECT_EQ(flash3_backward_is_built(-1, 64, 64), 0);
+}
+
+TEST_F(CApi, BackwardMissingDoutAndLse) {
+  Bwd b;
+  EXPECT_EQ(b.run(nullptr, &b.f.lse), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "dout is missing")) << last_error();
+  EXPECT_EQ(b.run(&b.dout, nullptr), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "lse is missing")) << last_error();
+}
+
+TEST_F(CApi, BackwardNotSupportedYet) {
+  Bwd b;
+  EXPECT_EQ(b.run(&b.dout, &b.f.lse), FLASH3_NOT_SUPPORTED);
+  EXPECT_TRUE(contains(last_error(), "not supported yet")) << last_error();
+}
+
+TEST_F(CApi, WorkspaceSize) {
+  Fwd f;
+  EXPECT_EQ(flash3_backward_workspace_size(&f.q, &f.k, &f.v, &f.opts), 0u);
+  EXPECT_EQ(flash3_backward_workspace_size(nullptr, nullptr, nullptr, nullptr), 0u);
+}
+
+TEST_F(CApi, LastErrorIsThreadLocalAndKept) {
+  Fwd f;
+  f.k.dtype = FLASH3_FP16;
+  ASSERT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  const std::string mine = last_error();
+  ASSERT_FALSE(mine.empty());
+  std::string other_before = "unset", other_after;
+  std::thread t([&] {
+    other_before = flash3_last_error();
+    Fwd g;
+    g.out.ndim = 2;
+    (void)g.validate();
+    other_after = flash3_last_error();
+  });
+  t.join();
+  EXPECT_EQ(other_before, "");
+  EXPECT_TRUE(contains(other_after, "out.ndim is 2")) << other_after;
+  EXPECT_EQ(last_error(), mine);  // untouched by the other thread
+  // A successful call leaves the last failure in place.
+  Fwd ok;
+  ok.q = tensor(0, FLASH3_BF16, 4, {0, 128, 8, 64});
+  ok.out = tensor(0, FLASH3_BF16, 4, {0, 128, 8, 64});
+  ok.k = tensor(0, FLASH3_BF16, 4, {0, 256, 2, 64});
+  ok.v = tensor(0, FLASH3_BF16, 4, {0, 256, 2, 64});
+  ASSERT_EQ(flash3_forward(&ok.q, &ok.k, &ok.v, &ok.out, nullptr, nullptr, nullptr), FLASH3_OK);
+  EXPECT_EQ(last_error(), mine);
+}
+
+TEST_F(CApi, DeviceIsSupportedNeverCrashes) {
+  const int r = flash3_device_is_supported();
+  EXPECT_TRUE(r == 0 || r == 1);
+  EXPECT_EQ(r != 0, flash3::device_is_supported());
+  if (r == 0) {
+    EXPECT_FALSE(last_error().empty());
+  }
+}
+
+TEST_F(CApi, ForwardWithoutSkipFailsCleanly) {
+  unsetenv(kSkipEnv);
+  Fwd f;
+  const flash3_status s = f.forward();
+  EXPECT_TRUE(s == FLASH3_CUDA_ERROR || s == FLASH3_INVALID_ARGUMENT || s == FLASH3_NOT_SUPPORTED)
+      << s << ": " << last_error();
+  EXPECT_FALSE(last_error().empty());
+}
+
+}  // namespace

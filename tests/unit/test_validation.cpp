@@ -1,0 +1,834 @@
+// CPU tests of the host API layer (src/api): argument validation of forward and
+// backward, the empty-problem fast path, kernel availability, the device checks
+// on a machine without a GPU, and make_fwd_params() normalisation.
+//
+// Tensors use fake, suitably aligned device addresses; nothing is dereferenced.
+// FLASH3_SKIP_DEVICE_CHECK=1 is set by the fixtures (except ValidationDevice).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "api/validate.h"
+#include "common/params.h"
+#include "flash3/flash3.h"
+
+namespace {
+
+using flash3::BackwardArgs;
+using flash3::DType;
+using flash3::ForwardArgs;
+using flash3::FwdParams;
+using flash3::Status;
+using flash3::StatusCode;
+using flash3::TensorView;
+
+constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
+
+void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
+
+const char* code_name(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk: return "Ok";
+    case StatusCode::kInvalidArgument: return "InvalidArgument";
+    case StatusCode::kNotSupported: return "NotSupported";
+    case StatusCode::kCudaError: return "CudaError";
+    case StatusCode::kInternal: return "Internal";
+  }
+  return "?";
+}
+
+// Status has `code` and every substring of `subs` appears in its message.
+::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<const char*> subs) {
+  if (s.code != code)
+    return ::testing::AssertionFailure() << "status is " << code_name(s.code) << " (expected " << code_name(code)
+                                         << "), message: \"" << s.message << "\"";
+  for (const char* sub : subs)
+    if (s.message.find(sub) == std::string::npos)
+      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult IsOk(const Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "status is " << code_name(s.code) << ": \"" << s.message << "\"";
+}
+
+// Saves and restores one environment variable.
+class EnvVar {
+ public:
+  explicit EnvVar(const char* name) : name_(name) {
+    const char* v = std::getenv(name);
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+  }
+  ~EnvVar() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  void set(const char* v) { setenv(name_, v, 1); }
+  void unset() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// A (b, s, h, d) contiguous view.
+TensorView bshd(void* p, DType dt, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const int64_t shape[4] = {b, s, h, d};
+  return TensorView::contiguous(p, dt, 4, shape);
+}
+
+struct Dims {
+  int64_t b = 2, sq = 128, sk = 256, hq = 8, hkv = 2, d = 64, dv = 64;
+  DType dt = DType::kBFloat16;
+};
+
+ForwardArgs make_fwd(const Dims& p = {}, bool with_lse = true) {
+  ForwardArgs a;
+  a.q = bshd(fake(0x1000000), p.dt, p.b, p.sq, p.hq, p.d);
+  a.k = bshd(fake(0x2000000), p.dt, p.b, p.sk, p.hkv, p.d);
+  a.v = bshd(fake(0x3000000), p.dt, p.b, p.sk, p.hkv, p.dv);
+  a.out = bshd(fake(0x4000000), p.dt, p.b, p.sq, p.hq, p.dv);
+  if (with_lse) {
+    const int64_t shape[3] = {p.b, p.hq, p.sq};
+    a.lse = TensorView::contiguous(fake(0x5000000), DType::kFloat32, 3, shape);
+  }
+  return a;
+}
+
+BackwardArgs make_bwd(const Dims& p = {}) {
+  const ForwardArgs f = make_fwd(p, true);
+  BackwardArgs a;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.out = f.out;
+  a.lse = f.lse;
+  a.dout = bshd(fake(0x6000000), p.dt, p.b, p.sq, p.hq, p.dv);
+  a.dq = bshd(fake(0x7000000), p.dt, p.b, p.sq, p.hq, p.d);
+  a.dk = bshd(fake(0x8000000), p.dt, p.b, p.sk, p.hkv, p.d);
+  a.dv = bshd(fake(0x9000000), p.dt, p.b, p.sk, p.hkv, p.dv);
+  return a;
+}
+
+// Structural validation passes and the full validation is Ok when the kernel
+// is built in this library, NotSupported (naming it) when it is not.
+void expect_valid_forward(const ForwardArgs& a) {
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const int last = a.q.ndim - 1;
+  const Status s = flash3::validate_forward(a);
+  if (flash3::forward_is_built(a.q.dtype, int(a.q.shape[last]), int(a.v.shape[last]))) {
+    EXPECT_TRUE(IsOk(s));
+  } else {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"not built"}));
+  }
+}
+
+class ValidationForward : public ::testing::Test {
+ protected:
+  void SetUp() override { env_.set("1"); }
+  EnvVar env_{kSkipEnv};
+};
+
+class ValidationBackward : public ValidationForward {};
+class ValidationParams : public ValidationForward {};
+
+// ----------------------------------------------------------------------------
+// Valid arguments.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, ValidArgumentsPass) {
+  expect_valid_forward(make_fwd());
+  expect_valid_forward(make_fwd({}, /*with_lse=*/false));
+  Dims p;
+  p.dt = DType::kFloat16;
+  p.d = 192;
+  p.dv = 128;
+  p.hkv = 8;
+  expect_valid_forward(make_fwd(p));
+}
+
+TEST_F(ValidationForward, PackedQkvStridesPass) {
+  // q, k, v are slices of one (b, s, 3, h, d) buffer: row stride 3*h*d.
+  const int64_t b = 2, s = 64, h = 4, d = 128;
+  const int64_t st[4] = {s * 3 * h * d, 3 * h * d, d, 1};
+  const uintptr_t base = 0x10000000;
+  ForwardArgs a;
+  a.q = TensorView::make4d(fake(base), DType::kBFloat16, b, s, h, d, st[0], st[1], st[2], st[3]);
+  a.k = TensorView::make4d(fake(base + 2 * h * d), DType::kBFloat16, b, s, h, d, st[0], st[1], st[2], st[3]);
+  a.v = TensorView::make4d(fake(base + 4 * h * d), DType::kBFloat16, b, s, h, d, st[0], st[1], st[2], st[3]);
+  a.out = bshd(fake(0x20000000), DType::kBFloat16, b, s, h, d);
+  expect_valid_forward(a);
+}
+
+TEST_F(ValidationForward, SeqlenKZeroIsValid) {
+  Dims p;
+  p.sk = 0;
+  ForwardArgs a = make_fwd(p);
+  a.k.data = nullptr;  // empty tensors may have no storage
+  a.v.data = nullptr;
+  expect_valid_forward(a);
+}
+
+TEST_F(ValidationForward, OffsetExactlyInt32MaxPasses) {
+  // (2^19 - 1) * 4096 + 31 * 128 + 127 == INT32_MAX
+  Dims p;
+  p.b = 1;
+  p.sq = 16;
+  p.sk = 1 << 19;
+  p.hq = 32;
+  p.hkv = 32;
+  p.d = 128;
+  p.dv = 128;
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(make_fwd(p))));
+}
+
+// ----------------------------------------------------------------------------
+// dtypes.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, QDtypeFp32Rejected) {
+  Dims p;
+  p.dt = DType::kFloat32;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"q.dtype is fp32; expected fp16 or bf16"}));
+}
+
+TEST_F(ValidationForward, KDtypeMismatch) {
+  ForwardArgs a = make_fwd();
+  a.k.dtype = DType::kFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k.dtype", "fp16", "bf16"}));
+}
+
+TEST_F(ValidationForward, OutDtypeMismatch) {
+  ForwardArgs a = make_fwd();
+  a.out.dtype = DType::kFloat32;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out.dtype", "fp32", "bf16"}));
+}
+
+TEST_F(ValidationForward, Fp8NotSupported) {
+  Dims p;
+  p.dt = DType::kFloat8E4M3;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kNotSupported, {"fp8", "q.dtype"}));
+}
+
+// ----------------------------------------------------------------------------
+// Head dims.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, HeadDimNotMultipleOf8) {
+  Dims p;
+  p.d = 100;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"unsupported head dim", "q.shape[3]", "100"}));
+}
+
+TEST_F(ValidationForward, HeadDimTooLarge) {
+  Dims p;
+  p.d = 264;
+  p.dv = 264;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"unsupported head dim", "264", "256"}));
+}
+
+TEST_F(ValidationForward, HeadDimVUnsupported) {
+  Dims p;
+  p.dv = 4;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"unsupported head dim", "v.shape[3] (head_dim_v) is 4"}));
+}
+
+TEST_F(ValidationForward, HeadDimMismatchQK) {
+  ForwardArgs a = make_fwd();
+  a.k = bshd(a.k.data, a.k.dtype, 2, 256, 2, 128);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"k.shape[3] (head_dim) is 128; expected 64 to match q"}));
+}
+
+TEST_F(ValidationForward, HeadDimVMismatchOut) {
+  ForwardArgs a = make_fwd();
+  a.out = bshd(a.out.data, a.out.dtype, 2, 128, 8, 128);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"out.shape[3] (head_dim_v) is 128; expected 64 to match v"}));
+}
+
+TEST_F(ValidationForward, KernelNotBuiltIsNotSupported) {
+  // head_dim 32 is valid but never in the manifest.
+  if (flash3::forward_is_built(DType::kFloat16, 32, 32)) GTEST_SKIP() << "fp16 32x32 is built here";
+  Dims p;
+  p.dt = DType::kFloat16;
+  p.d = 32;
+  p.dv = 32;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kNotSupported,
+                      {"not supported yet", "fp16", "head_dim 32", "head_dim_v 32", "not built"}));
+  EXPECT_TRUE(IsError(flash3::forward(make_fwd(p), nullptr), StatusCode::kNotSupported, {"head_dim 32"}));
+}
+
+// ----------------------------------------------------------------------------
+// Shapes.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, BatchMismatch) {
+  ForwardArgs a = make_fwd();
+  a.k = bshd(a.k.data, a.k.dtype, 3, 256, 2, 64);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"k.shape[0] (batch) is 3; expected 2 to match q"}));
+}
+
+TEST_F(ValidationForward, SeqlenKMismatchKV) {
+  ForwardArgs a = make_fwd();
+  a.v = bshd(a.v.data, a.v.dtype, 2, 200, 2, 64);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"v.shape[1] (seqlen_k) is 200; expected 256 to match k"}));
+}
+
+TEST_F(ValidationForward, KVHeadsMismatch) {
+  ForwardArgs a = make_fwd();
+  a.v = bshd(a.v.data, a.v.dtype, 2, 256, 4, 64);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"v.shape[2] (num_heads_kv) is 4; expected 2 to match k"}));
+}
+
+TEST_F(ValidationForward, HeadsQNotMultipleOfHeadsKV) {
+  Dims p;
+  p.hq = 6;
+  p.hkv = 4;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"num_heads_q", "num_heads_kv", "6", "4"}));
+}
+
+TEST_F(ValidationForward, OutShapeMismatch) {
+  ForwardArgs a = make_fwd();
+  a.out = bshd(a.out.data, a.out.dtype, 2, 127, 8, 64);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"out.shape[1] (seqlen_q) is 127; expected 128", "(2, 128, 8, 64)"}));
+}
+
+TEST_F(ValidationForward, NullQData) {
+  ForwardArgs a = make_fwd();
+  a.q.data = nullptr;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"q.data is null"}));
+}
+
+TEST_F(ValidationForward, MissingOut) {
+  ForwardArgs a = make_fwd();
+  a.out = TensorView{};
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out is missing"}));
+}
+
+TEST_F(ValidationForward, WrongNdim) {
+  ForwardArgs a = make_fwd();
+  a.q.ndim = 3;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"q.ndim is 3; expected 4"}));
+}
+
+TEST_F(ValidationForward, NegativeDim) {
+  ForwardArgs a = make_fwd();
+  a.q.shape[1] = -1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"q.shape[1] (seqlen_q) is -1; expected >= 0"}));
+}
+
+TEST_F(ValidationForward, ZeroKVHeadsRejected) {
+  Dims p;
+  p.hkv = 0;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"k.shape[2] (num_heads_kv) is 0"}));
+}
+
+// ----------------------------------------------------------------------------
+// Strides, alignment, 32-bit offsets.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, MisalignedPointer) {
+  ForwardArgs a = make_fwd();
+  a.v.data = fake(0x3000008);  // 8-byte aligned only
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"v.data", "16-byte aligned"}));
+}
+
+TEST_F(ValidationForward, StrideNotMultipleOf8) {
+  ForwardArgs a = make_fwd();
+  a.k.stride[1] = 132;  // 2 heads * 64 + 4 padding elements
+  a.k.stride[0] = 132 * 256;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"k.stride[1] (seqlen_k) is 132", "multiple of 8"}));
+}
+
+TEST_F(ValidationForward, NonUnitLastStride) {
+  ForwardArgs a = make_fwd();
+  a.q = TensorView::make4d(a.q.data, a.q.dtype, 2, 128, 8, 64, 128 * 8 * 128, 8 * 128, 128, 2);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"q.stride[3] (head_dim) is 2; expected 1"}));
+}
+
+TEST_F(ValidationForward, NegativeStride) {
+  ForwardArgs a = make_fwd();
+  a.k.stride[0] = -a.k.stride[0];
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k.stride[0] (batch)", ">= 0"}));
+}
+
+TEST_F(ValidationForward, ZeroStrideOnWrittenTensor) {
+  ForwardArgs a = make_fwd();
+  a.out.stride[1] = 0;  // all query rows would write the same memory
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out.stride[1]", "non-zero"}));
+}
+
+TEST_F(ValidationForward, Offset32BitOverflow) {
+  Dims p;
+  p.b = 1;
+  p.sq = 16;
+  p.sk = (1 << 19) + 1;  // one row past INT32_MAX
+  p.hq = 32;
+  p.hkv = 32;
+  p.d = 128;
+  p.dv = 128;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
+                      {"k: largest element offset", "2147487743", "32-bit element offsets"}));
+}
+
+// ----------------------------------------------------------------------------
+// lse.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, LseWrongDtype) {
+  ForwardArgs a = make_fwd();
+  a.lse.dtype = DType::kBFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse.dtype is bf16; expected fp32"}));
+}
+
+TEST_F(ValidationForward, LseWrongShape) {
+  ForwardArgs a = make_fwd();
+  const int64_t shape[3] = {2, 128, 8};  // (b, sq, hq) instead of (b, hq, sq)
+  a.lse = TensorView::contiguous(a.lse.data, DType::kFloat32, 3, shape);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"lse.shape[1] (num_heads_q) is 128; expected 8"}));
+}
+
+TEST_F(ValidationForward, LseWrongNdim) {
+  ForwardArgs a = make_fwd();
+  a.lse.ndim = 2;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse.ndim is 2; expected 3"}));
+}
+
+TEST_F(ValidationForward, LseNonUnitLastStride) {
+  ForwardArgs a = make_fwd();
+  a.lse = TensorView::make3d(a.lse.data, DType::kFloat32, 2, 8, 128, 8 * 256, 256, 2);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse.stride[2]", "expected 1"}));
+}
+
+TEST_F(ValidationForward, LseMisaligned) {
+  ForwardArgs a = make_fwd();
+  a.lse.data = fake(0x5000002);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse.data", "4-byte aligned"}));
+}
+
+// ----------------------------------------------------------------------------
+// Options.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, CausalWithWindowRight) {
+  ForwardArgs a = make_fwd();
+  a.opts.causal = true;
+  a.opts.window_right = 4;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.window_right", "causal implies window_right == 0"}));
+  a.opts.window_right = 0;  // explicit 0 is fine
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+}
+
+TEST_F(ValidationForward, BadSoftcap) {
+  ForwardArgs a = make_fwd();
+  a.opts.softcap = -1.f;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softcap is -1"}));
+  a.opts.softcap = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softcap"}));
+  a.opts.softcap = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softcap is inf"}));
+}
+
+TEST_F(ValidationForward, BadWindow) {
+  ForwardArgs a = make_fwd();
+  a.opts.window_left = -2;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.window_left is -2"}));
+  a.opts.window_left = 16;
+  a.opts.window_right = -5;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.window_right is -5"}));
+}
+
+TEST_F(ValidationForward, InfiniteSoftmaxScale) {
+  ForwardArgs a = make_fwd();
+  a.opts.softmax_scale = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softmax_scale is inf"}));
+  a.opts.softmax_scale = std::numeric_limits<float>::quiet_NaN();  // NaN means default
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  a.opts.softmax_scale = -3.f;  // <= 0 means default
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+}
+
+TEST_F(ValidationForward, CuSeqlensOnlyOneSide) {
+  ForwardArgs a = make_fwd();
+  a.opts.cu_seqlens_q = static_cast<const int*>(fake(0xA000000));
+  a.opts.max_seqlen_q = a.opts.max_seqlen_k = 128;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.cu_seqlens_k is null", "both or neither"}));
+  a.opts.cu_seqlens_q = nullptr;
+  a.opts.cu_seqlens_k = static_cast<const int*>(fake(0xA000000));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.cu_seqlens_q is null", "both or neither"}));
+}
+
+// Variable length: (total, h, d) tensors and (hq, total_q) lse.
+ForwardArgs make_varlen(int64_t total_q = 300, int64_t total_k = 500) {
+  ForwardArgs a;
+  const int64_t q[3] = {total_q, 8, 64}, k[3] = {total_k, 2, 64}, l[2] = {8, total_q};
+  a.q = TensorView::contiguous(fake(0x1000000), DType::kBFloat16, 3, q);
+  a.k = TensorView::contiguous(fake(0x2000000), DType::kBFloat16, 3, k);
+  a.v = TensorView::contiguous(fake(0x3000000), DType::kBFloat16, 3, k);
+  a.out = TensorView::contiguous(fake(0x4000000), DType::kBFloat16, 3, q);
+  a.lse = TensorView::contiguous(fake(0x5000000), DType::kFloat32, 2, l);
+  a.opts.cu_seqlens_q = static_cast<const int*>(fake(0xA000000));
+  a.opts.cu_seqlens_k = static_cast<const int*>(fake(0xB000000));
+  a.opts.max_seqlen_q = 200;
+  a.opts.max_seqlen_k = 300;
+  return a;
+}
+
+TEST_F(ValidationForward, VarlenLayoutValidAndNotSupportedYet) {
+  ForwardArgs a = make_varlen();
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const Status s = flash3::forward(a, nullptr);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"varlen"}));
+  }
+}
+
+TEST_F(ValidationForward, VarlenRejectsFixedLengthLayout) {
+  ForwardArgs a = make_fwd();
+  a.opts = make_varlen().opts;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"q.ndim is 4; expected 3", "cu_seqlens_q"}));
+}
+
+TEST_F(ValidationForward, VarlenNeedsMaxSeqlen) {
+  ForwardArgs a = make_varlen();
+  a.opts.max_seqlen_q = 0;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.max_seqlen_q is 0"}));
+}
+
+TEST_F(ValidationForward, VarlenLseShape) {
+  ForwardArgs a = make_varlen();
+  a.lse.shape[1] = 299;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"lse.shape[1] (total_q) is 299; expected 300"}));
+}
+
+// ----------------------------------------------------------------------------
+// forward(): empty problems and unimplemented features.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, EmptySeqlenQReturnsOkWithoutLaunch) {
+  // Kernel-less builds would answer NotSupported from the launcher; Ok proves
+  // forward() returned before dispatch.
+  Dims p;
+  p.sq = 0;
+  ForwardArgs a = make_fwd(p);
+  a.q.data = nullptr;
+  a.out.data = nullptr;
+  EXPECT_TRUE(IsOk(flash3::forward(a, nullptr)));
+  EXPECT_TRUE(IsOk(flash3::validate_forward(a)));
+}
+
+TEST_F(ValidationForward, EmptyBatchReturnsOk) {
+  Dims p;
+  p.b = 0;
+  p.d = 32;  // not even a built head dim: no kernel is needed
+  p.dv = 32;
+  EXPECT_TRUE(IsOk(flash3::forward(make_fwd(p), nullptr)));
+}
+
+TEST_F(ValidationForward, EmptyProblemStillValidated) {
+  Dims p;
+  p.sq = 0;
+  ForwardArgs a = make_fwd(p);
+  a.k.dtype = DType::kFloat16;
+  EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"k.dtype"}));
+}
+
+TEST_F(ValidationForward, SoftcapNotSupportedYet) {
+  ForwardArgs a = make_fwd();
+  a.opts.softcap = 30.f;
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const Status s = flash3::forward(a, nullptr);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"softcap"}));
+  }
+}
+
+TEST_F(ValidationForward, BuiltListNamesKernelsOrNone) {
+  const std::string list = flash3::built_kernels_list(true);
+  EXPECT_FALSE(list.empty());
+  if (flash3::forward_is_built(DType::kBFloat16, 128, 128)) {
+    EXPECT_NE(list.find("bf16 128x128"), std::string::npos) << list;
+  } else if (!flash3::forward_is_built(DType::kFloat16, 128, 128) && !flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_EQ(list, "none");
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Backward.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationBackward, ValidArgumentsPassStructure) {
+  const BackwardArgs a = make_bwd();
+  EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));
+  const Status s = flash3::validate_backward(a);
+  if (flash3::backward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsOk(s));
+  } else {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"backward kernel", "not built"}));
+  }
+}
+
+TEST_F(ValidationBackward, BackwardNotSupportedYet) {
+  const BackwardArgs a = make_bwd();
+  EXPECT_EQ(flash3::backward(a, nullptr).code, StatusCode::kNotSupported);
+  EXPECT_EQ(flash3::backward_workspace_size(a), 0u);
+}
+
+TEST_F(ValidationBackward, MissingDout) {
+  BackwardArgs a = make_bwd();
+  a.dout = TensorView{};
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dout is missing"}));
+  EXPECT_TRUE(IsError(flash3::backward(a, nullptr), StatusCode::kInvalidArgument, {"dout"}));
+}
+
+TEST_F(ValidationBackward, MissingLse) {
+  BackwardArgs a = make_bwd();
+  a.lse = TensorView{};
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"lse is missing"}));
+}
+
+TEST_F(ValidationBackward, DqShapeMismatch) {
+  BackwardArgs a = make_bwd();
+  a.dq = bshd(a.dq.data, a.dq.dtype, 2, 64, 8, 64);
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument,
+                      {"dq.shape[1] (seqlen_q) is 64; expected 128 to match q"}));
+}
+
+TEST_F(ValidationBackward, DkDtypeMismatch) {
+  BackwardArgs a = make_bwd();
+  a.dk.dtype = DType::kFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dk.dtype is fp16; expected bf16"}));
+}
+
+TEST_F(ValidationBackward, DvStrideNotMultipleOf8) {
+  BackwardArgs a = make_bwd();
+  a.dv.stride[2] = 68;
+  a.dv.stride[1] = 136;
+  a.dv.stride[0] = 136 * 256;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dv.stride[2]", "multiple of 8"}));
+}
+
+TEST_F(ValidationBackward, DoutShapeMismatch) {
+  BackwardArgs a = make_bwd();
+  a.dout = bshd(a.dout.data, a.dout.dtype, 2, 128, 4, 64);
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument,
+                      {"dout.shape[2] (num_heads_q) is 4; expected 8 to match out"}));
+}
+
+TEST_F(ValidationBackward, DlseOptionalButChecked) {
+  BackwardArgs a = make_bwd();
+  EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));  // no dlse
+  a.dlse = a.lse;
+  a.dlse.data = fake(0xC000000);
+  EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));
+  a.dlse.dtype = DType::kFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dlse.dtype is fp16; expected fp32"}));
+}
+
+// ----------------------------------------------------------------------------
+// make_fwd_params.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationParams, DefaultScale) {
+  ForwardArgs a = make_fwd();
+  FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_FLOAT_EQ(p.softmax_scale, 0.125f);  // 1/sqrt(64)
+  EXPECT_FLOAT_EQ(p.softmax_scale_log2, 0.125f * 1.4426950408889634f);
+  a.opts.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FLOAT_EQ(flash3::make_fwd_params(a).softmax_scale, 0.125f);
+  a.opts.softmax_scale = 0.5f;
+  p = flash3::make_fwd_params(a);
+  EXPECT_FLOAT_EQ(p.softmax_scale, 0.5f);
+  EXPECT_FLOAT_EQ(p.softmax_scale_log2, 0.5f * 1.4426950408889634f);
+}
+
+TEST_F(ValidationParams, NoMaskByDefault) {
+  const FwdParams p = flash3::make_fwd_params(make_fwd());
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_FALSE(p.is_local);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, -1);
+}
+
+TEST_F(ValidationParams, CausalNormalisedToWindow) {
+  ForwardArgs a = make_fwd();
+  a.opts.causal = true;
+  FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.is_causal);
+  EXPECT_FALSE(p.is_local);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, 0);
+  // causal with a left window is a local mask with right = 0
+  a.opts.window_left = 16;
+  p = flash3::make_fwd_params(a);
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_TRUE(p.is_local);
+  EXPECT_EQ(p.window_left, 16);
+  EXPECT_EQ(p.window_right, 0);
+}
+
+TEST_F(ValidationParams, SlidingWindowIsLocal) {
+  ForwardArgs a = make_fwd();
+  a.opts.window_left = 32;
+  a.opts.window_right = 8;
+  FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.is_local);
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_EQ(p.window_left, 32);
+  EXPECT_EQ(p.window_right, 8);
+  a.opts.window_left = -1;  // only a right bound
+  a.opts.window_right = 4;
+  p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.is_local);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, 4);
+}
+
+TEST_F(ValidationParams, StridesDimsAndPointersCopied) {
+  const int64_t b = 2, s = 64, h = 4, d = 128;
+  ForwardArgs a;
+  const uintptr_t base = 0x10000000;
+  a.q = TensorView::make4d(fake(base), DType::kFloat16, b, s, h, d, s * 3 * h * d, 3 * h * d, d, 1);
+  a.k = TensorView::make4d(fake(base + 1024), DType::kFloat16, b, 2 * s, h / 2, d, 2 * s * h * d, h * d, 2 * d, 1);
+  a.v = bshd(fake(0x30000000), DType::kFloat16, b, 2 * s, h / 2, d);
+  a.out = bshd(fake(0x40000000), DType::kFloat16, b, s, h, d);
+  a.lse = TensorView::make3d(fake(0x50000000), DType::kFloat32, b, h, s, h * 72, 72, 1);
+  ASSERT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_EQ(p.q, a.q.data);
+  EXPECT_EQ(p.k, a.k.data);
+  EXPECT_EQ(p.v, a.v.data);
+  EXPECT_EQ(p.o, a.out.data);
+  EXPECT_EQ(static_cast<void*>(p.lse), a.lse.data);
+  EXPECT_EQ(p.dtype, DType::kFloat16);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.seqlen_q, 64);
+  EXPECT_EQ(p.seqlen_k, 128);
+  EXPECT_EQ(p.heads_q, 4);
+  EXPECT_EQ(p.heads_kv, 2);
+  EXPECT_EQ(p.head_dim, 128);
+  EXPECT_EQ(p.head_dim_v, 128);
+  EXPECT_EQ(p.q_batch_stride, s * 3 * h * d);
+  EXPECT_EQ(p.q_row_stride, 3 * h * d);
+  EXPECT_EQ(p.q_head_stride, d);
+  EXPECT_EQ(p.k_batch_stride, 2 * s * h * d);
+  EXPECT_EQ(p.k_row_stride, h * d);
+  EXPECT_EQ(p.k_head_stride, 2 * d);
+  EXPECT_EQ(p.v_batch_stride, 2 * s * (h / 2) * d);
+  EXPECT_EQ(p.v_row_stride, (h / 2) * d);
+  EXPECT_EQ(p.v_head_stride, d);
+  EXPECT_EQ(p.o_batch_stride, s * h * d);
+  EXPECT_EQ(p.o_row_stride, h * d);
+  EXPECT_EQ(p.o_head_stride, d);
+  EXPECT_EQ(p.lse_batch_stride, h * 72);
+  EXPECT_EQ(p.lse_head_stride, 72);
+}
+
+TEST_F(ValidationParams, NoLseGivesNullPointer) {
+  const FwdParams p = flash3::make_fwd_params(make_fwd({}, /*with_lse=*/false));
+  EXPECT_EQ(p.lse, nullptr);
+}
+
+// ----------------------------------------------------------------------------
+// TensorView helpers.
+// ----------------------------------------------------------------------------
+TEST(ValidationTensorView, ContiguousStridesAndNumel) {
+  const int64_t shape[4] = {2, 3, 4, 8};
+  const TensorView t = TensorView::contiguous(fake(0x1000), DType::kFloat16, 4, shape);
+  EXPECT_EQ(t.ndim, 4);
+  EXPECT_EQ(t.stride[0], 96);
+  EXPECT_EQ(t.stride[1], 32);
+  EXPECT_EQ(t.stride[2], 8);
+  EXPECT_EQ(t.stride[3], 1);
+  EXPECT_EQ(t.numel(), 192);
+  EXPECT_FALSE(TensorView{}.defined());
+  EXPECT_EQ(TensorView{}.numel(), 0);
+  EXPECT_STREQ(flash3::dtype_name(DType::kBFloat16), "bf16");
+  EXPECT_EQ(flash3::dtype_size(DType::kFloat32), 4);
+  EXPECT_EQ(flash3::dtype_size(DType::kFloat8E4M3), 1);
+  EXPECT_STREQ(flash3::version(), "0.1.0");
+}
+
+// ----------------------------------------------------------------------------
+// Device checks on whatever machine runs the tests (CPU-only here): errors,
+// never crashes.
+// ----------------------------------------------------------------------------
+class ValidationDevice : public ::testing::Test {
+ protected:
+  void SetUp() override { env_.unset(); }
+  EnvVar env_{kSkipEnv};
+};
+
+TEST_F(ValidationDevice, ForwardWithoutSkipFailsCleanly) {
+  ASSERT_FALSE(flash3::device_check_skipped());
+  // Fake addresses are never valid device memory: whatever the machine, forward()
+  // must refuse them (no CUDA -> CudaError; a GPU -> InvalidArgument; no kernel
+  // for the request -> NotSupported).
+  const Status s = flash3::forward(make_fwd(), nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(s.code == StatusCode::kCudaError || s.code == StatusCode::kInvalidArgument ||
+              s.code == StatusCode::kNotSupported)
+      << code_name(s.code) << ": " << s.message;
+  EXPECT_FALSE(s.message.empty());
+  // The device checks themselves: CudaError without a GPU, host pointer with one.
+  const Status d = flash3::check_forward_device(make_fwd());
+  EXPECT_TRUE(d.code == StatusCode::kCudaError || d.code == StatusCode::kInvalidArgument) << code_name(d.code) << ": " << d.message;
+  if (d.code == StatusCode::kInvalidArgument) {
+    EXPECT_NE(d.message.find("q.data"), std::string::npos) << d.message;
+  }
+}
+
+TEST_F(ValidationDevice, HostPointerRejected) {
+  alignas(16) static uint16_t host[64];
+  const Status s = flash3::check_device_pointer("q.data", host);
+  if (s.code == StatusCode::kCudaError) {
+    EXPECT_NE(s.message.find("cuda"), std::string::npos) << s.message;  // names the CUDA call / error
+  } else {
+    EXPECT_TRUE(IsError(s, StatusCode::kInvalidArgument, {"q.data is a host pointer", "expected device memory on device"}));
+  }
+}
+
+TEST_F(ValidationDevice, SkipVariableIsHonoured) {
+  EXPECT_FALSE(flash3::device_check_skipped());
+  env_.set("1");
+  EXPECT_TRUE(flash3::device_check_skipped());
+  env_.set("0");
+  EXPECT_FALSE(flash3::device_check_skipped());
+}
+
+TEST_F(ValidationDevice, DeviceIsSupportedExplains) {
+  std::string why = "unchanged";
+  const bool ok = flash3::device_is_supported(&why);
+  if (ok) {
+    EXPECT_TRUE(why.empty());
+  } else {
+    EXPECT_FALSE(why.empty());
+    EXPECT_TRUE(why.find("no CUDA device") != std::string::npos || why.find("sm_90") != std::string::npos ||
+                why.find("device") != std::string::npos)
+        << why;
+  }
+  EXPECT_EQ(flash3::device_is_supported(nullptr), ok);
+}
+
+}  // namespace
