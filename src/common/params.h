@@ -9,7 +9,16 @@ namespace flash3 {
 
 // Forward schedule ablation (only honoured in -DFLASH3_ABLATION=ON builds, bf16 d=128):
 // the FLASH3_FWD_SCHEDULE environment variable picks it (see docs/performance.md).
-enum class FwdSchedule : int { kDefault = 0, kNoPingpong = 1, kNoOverlap = 2, kNeither = 3 };
+enum class FwdSchedule : int {
+  kDefault = 0,
+  kNoPingpong = 1,
+  kNoOverlap = 2,
+  kNeither = 3,
+  kTileN128 = 4,  // tile_n override (unmasked problems)
+  kTileN144 = 5,
+  kTileN160 = 6,
+  kTileN192 = 7,
+};
 
 struct FwdParams {
   const void* q = nullptr;

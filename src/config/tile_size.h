@@ -33,21 +33,20 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local) {
     // warpgroups with a wide KV block for now.
     return {128, causal_or_local ? 128 : 192, 2, 2, true, true, true, 24, 240};
   }
-  if (d <= 96) {
-    return {128, causal_or_local ? 128 : 176, 2, 2, true, true, true, 24, 240};
-  }
+  // tile_n is a multiple of 64 everywhere: measured on H200 (bf16 d=128, 8k,
+  // non-causal), tile_n 176 and 144 ran at ~500 TFLOP/s against 719 for 128 and
+  // 693 for 192 (docs/performance.md, ablation).
   if (d <= 128) {
-    // 176 = the largest N with Q + 2x(K+V) stages <= 227 KB at d=128.
-    return {128, causal_or_local ? 128 : 176, 2, 2, true, true, true, 24, 240};
+    return {128, 128, 2, 2, true, true, true, 24, 240};
   }
   if (d <= 192) {
-    // Q 48 KB + 2 stages of K (and V of dv) must fit; pingpong off for d > 128:
-    // the O accumulator leaves too few registers for two overlapped stages plus
-    // the turn-taking slack (seed 5.3).
-    return {128, dv <= 128 ? 128 : 112, 2, 2, true, false, true, 24, 240};
+    // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 64 for dv = 192.
+    // Pingpong off for d > 128: the O accumulator leaves too few registers for the
+    // overlapped S/P fragments plus the turn-taking slack (seed 5.3).
+    return {128, dv <= 128 ? 128 : 64, 2, 2, true, false, true, 24, 240};
   }
-  // d = 256: Q 64 KB + 2 x (80 x 256 x 2) x 2 = 224 KB.
-  return {128, 80, 2, 2, true, false, true, 24, 240};
+  // d = 256: Q 64 KB + 2 x (64 x 256 x 2) x 2 = 192 KB.
+  return {128, 64, 2, 2, true, false, true, 24, 240};
 }
 
 }  // namespace flash3

@@ -68,39 +68,27 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
 }
 
 // Ablation configs (docs/performance.md): the default tile config with the
-// intra-warpgroup overlap and/or pingpong switched off. Built only with
-// -DFLASH3_ABLATION=ON, for bf16 d=128, and chosen by FwdParams::schedule.
-template <class Base, bool kOverlap, bool kPingpong>
+// intra-warpgroup overlap and/or pingpong switched off, or another tile_n.
+// Built only with -DFLASH3_ABLATION=ON, for bf16 d=128 (src/launch/fwd_ablation*.cu),
+// and chosen by FwdParams::schedule.
+template <class Base, bool kOverlap, bool kPingpong, int kTileN = 0>
 struct AblatedFwdConfig {
   static constexpr FwdTileConfig make() {
     FwdTileConfig c = Base::value;
     c.intra_wg_overlap = kOverlap;
     c.pingpong = kPingpong;
+    if (kTileN > 0) c.tile_n = kTileN;
     return c;
   }
   static constexpr FwdTileConfig value = make();
 };
 
+// Defined in fwd_ablation*.cu (ablation builds) or fwd_ablation_stub.cu.
+Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream);
+
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal>;
-#ifdef FLASH3_ABLATION
-  if constexpr (kHeadDim == 128 && kHeadDimV == 128 && std::is_same_v<Element, cutlass::bfloat16_t>) {
-    switch (p.schedule) {
-      case FwdSchedule::kNoPingpong:
-        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, true, false>, Mask>,
-                                  Scheduler>(p, stream);
-      case FwdSchedule::kNoOverlap:
-        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, false, true>, Mask>,
-                                  Scheduler>(p, stream);
-      case FwdSchedule::kNeither:
-        return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, AblatedFwdConfig<Base, false, false>, Mask>,
-                                  Scheduler>(p, stream);
-      default:
-        break;
-    }
-  }
-#endif
   return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Scheduler>(p, stream);
 }
 
@@ -108,6 +96,7 @@ Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.schedule != FwdSchedule::kDefault) return run_fwd_ablation(p, stream);
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);

@@ -1,0 +1,57 @@
+// fp32 GPU reference for the attention forward (tests only).
+//
+// Reads the same 16-bit strided (batch, seqlen, heads, head_dim) tensors flash3
+// reads and follows the semantics of src/reference/reference.h:
+//   * scale: softmax_scale <= 0 (or NaN) means 1/sqrt(head_dim),
+//   * optional softcap: s -> softcap * tanh(s / softcap) after scaling,
+//   * causal / sliding window aligned bottom-right: query i sees key j iff
+//       j >= i + sk - sq - window_left   (window_left >= 0)
+//       j <= i + sk - sq + window_right  (window_right >= 0)
+//     causal == (window_left unchanged, window_right = 0),
+//   * GQA / MQA: query head h reads kv head h / (heads_q / heads_kv),
+//   * fully masked rows: out = 0, lse = -inf.
+// Outputs are fp32 and dense: out (b, sq, hq, dv), lse (b, hq, sq).
+//
+// Two modes:
+//   kFloat32       : everything in fp32 (the reference flash3 is compared with),
+//   kLowPrecision  : emulates a plain bf16/fp16 implementation: S = round(QK^T*scale),
+//                    softmax in fp32, P rounded to the input dtype, O = round(P V)
+//                    (fp32 accumulation). Its error against kFloat32 is the
+//                    baseline of the tolerance rule.
+//
+// This header is plain C++ (no device code) so it can be included from .cpp files.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+
+namespace flash3::gpuref {
+
+enum class Mode : int { kFloat32 = 0, kLowPrecision = 1 };
+
+// A 16-bit (b, s, h, d) device tensor; unit stride in head_dim. Strides in elements.
+struct Strided16 {
+  const void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+
+struct Args {
+  DType dtype = DType::kBFloat16;  // kFloat16 or kBFloat16 (inputs and emulated dtype)
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
+  int head_dim = 0, head_dim_v = 0;  // each in [1, 256]
+  Strided16 q, k, v;
+  float softmax_scale = 0.f;  // <= 0 or NaN: 1/sqrt(head_dim)
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  float* out = nullptr;  // (b, sq, hq, dv) dense fp32, written
+  float* lse = nullptr;  // (b, hq, sq) dense fp32, written; may be null
+};
+
+// Enqueues the reference on `stream`. Returns cudaErrorInvalidValue for bad
+// arguments and the launch error otherwise (does not synchronise).
+cudaError_t forward(const Args& args, Mode mode, cudaStream_t stream);
+
+}  // namespace flash3::gpuref

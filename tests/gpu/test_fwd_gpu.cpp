@@ -1,0 +1,848 @@
+// GPU correctness tests of flash3::forward.
+//
+// Every result is compared with the fp32 GPU reference (gpu_reference.cuh) under
+// the FlashAttention tolerance rule (flash3::ref::check_close):
+//     max|ours - ref_fp32| <= 2 * max|plain_lowp - ref_fp32| + eps,  no NaN,
+// where plain_lowp is the GPU emulation of a plain bf16/fp16 implementation on
+// the same inputs. O and LSE are checked separately (LSE eps 1e-5, O eps 1e-5).
+// The fp32 GPU reference itself is checked against the float64 CPU reference
+// (src/reference) on small shapes.
+//
+// Every test first skips without a Hopper GPU, and a case whose
+// (dtype, head_dim, head_dim_v) kernel is not built skips with "not built: ...".
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+#include "gpu_reference.cuh"
+#include "gpu_test_util.h"
+#include "reference/reference.h"
+
+namespace flash3 {
+// Internal linkage: only for this file's parameter printing.
+static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace flash3
+
+namespace {
+
+using flash3::DType;
+using flash3::TensorView;
+namespace tu = flash3::testutil;
+
+constexpr double kEpsO = 1e-5;
+constexpr double kEpsLse = 1e-5;
+constexpr uint16_t kPoison16 = 0xffff;       // NaN in bf16 and fp16
+constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
+constexpr int64_t kGuard = 256;              // poisoned elements after every output tensor
+
+// ---------------------------------------------------------------------------
+// Case description.
+// ---------------------------------------------------------------------------
+enum class Mask { kNone, kCausal, kWindow128_0, kWindow256_256 };
+enum class Layout { kContiguous, kPackedQKV, kPadded };
+
+struct HeadDims {
+  int d, dv;
+};
+struct Seqlens {
+  int sq, sk;
+};
+struct Heads {
+  int hq, hkv;
+};
+
+const char* mask_name(Mask m) {
+  switch (m) {
+    case Mask::kNone: return "nomask";
+    case Mask::kCausal: return "causal";
+    case Mask::kWindow128_0: return "window128x0";
+    case Mask::kWindow256_256: return "window256x256";
+  }
+  return "?";
+}
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kPackedQKV: return "packed_qkv";
+    case Layout::kPadded: return "padded";
+  }
+  return "?";
+}
+std::string heads_name(Heads h) {
+  const char* kind = h.hq == h.hkv ? "mha" : (h.hkv == 1 ? "mqa" : "gqa");
+  return std::string(kind) + std::to_string(h.hq) + "x" + std::to_string(h.hkv);
+}
+
+// Readable parameter values in gtest output.
+void PrintTo(Mask m, std::ostream* os) { *os << mask_name(m); }
+void PrintTo(const HeadDims& h, std::ostream* os) { *os << "d=" << h.d << " dv=" << h.dv; }
+void PrintTo(const Seqlens& s, std::ostream* os) { *os << "sq=" << s.sq << " sk=" << s.sk; }
+void PrintTo(const Heads& h, std::ostream* os) { *os << heads_name(h); }
+
+struct Case {
+  DType dtype = DType::kBFloat16;
+  int d = 128, dv = 128;
+  int sq = 128, sk = 128;
+  int hq = 2, hkv = 2;
+  int batch = 1;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  Layout layout = Layout::kContiguous;
+  uint64_t seed = 1;
+  std::string name;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
+       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
+       << ") layout=" << layout_name(layout) << " seed=" << seed << "]";
+    return os.str();
+  }
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void apply_mask(Case* c, Mask m) {
+  c->causal = m == Mask::kCausal;
+  c->wl = c->wr = -1;
+  if (m == Mask::kWindow128_0) c->wl = 128, c->wr = 0;
+  if (m == Mask::kWindow256_256) c->wl = 256, c->wr = 256;
+}
+
+// ---------------------------------------------------------------------------
+// Memory layout of the (b, s, h, d) tensors, in elements.
+// ---------------------------------------------------------------------------
+struct View {
+  int64_t offset = 0;  // of element (0, 0, 0, 0) in its allocation
+  int64_t sb = 0, sr = 0, sh = 0;
+  int64_t b = 0, s = 0, h = 0, d = 0;
+  int64_t span() const {  // elements touched, counted from the allocation start
+    if (b == 0 || s == 0 || h == 0 || d == 0) return offset;
+    return offset + (b - 1) * sb + (s - 1) * sr + (h - 1) * sh + d;
+  }
+  int64_t at(int64_t ib, int64_t is, int64_t ih, int64_t ic) const {
+    return offset + ib * sb + is * sr + ih * sh + ic;
+  }
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+View dense_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
+  View v;
+  v.offset = offset;
+  v.b = b, v.s = s, v.h = h, v.d = d;
+  v.sh = d;
+  v.sr = h * d;
+  v.sb = std::max<int64_t>(s, 1) * v.sr;
+  return v;
+}
+
+// Padding between heads, rows and batches (multiples of 8 elements: 16 bytes).
+View padded_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
+  View v;
+  v.offset = offset;
+  v.b = b, v.s = s, v.h = h, v.d = d;
+  v.sh = d + 8;
+  v.sr = h * v.sh + 16;
+  v.sb = std::max<int64_t>(s, 1) * v.sr + 64;
+  return v;
+}
+
+struct Plan {
+  View q, k, v, o;
+  int64_t in_elems = 0;   // one allocation holds q, k and v
+  int64_t out_elems = 0;  // o, followed by kGuard poisoned elements
+};
+
+Plan make_plan(const Case& c) {
+  Plan p;
+  if (c.layout == Layout::kPackedQKV) {
+    // q, k, v are slices of one (b, s, 3, h, d) tensor: row stride 3*h*d.
+    const int64_t h = c.hq, d = c.d, s = c.sq;
+    for (View* v : {&p.q, &p.k, &p.v}) {
+      v->b = c.batch, v->s = s, v->h = h, v->d = d;
+      v->sh = d;
+      v->sr = 3 * h * d;
+      v->sb = std::max<int64_t>(s, 1) * v->sr;
+    }
+    p.q.offset = 0;
+    p.k.offset = h * d;
+    p.v.offset = 2 * h * d;
+    p.in_elems = std::max<int64_t>(c.batch * std::max<int64_t>(s, 1) * 3 * h * d, 8);
+    p.o = dense_view(0, c.batch, c.sq, c.hq, c.dv);
+  } else {
+    auto mk = c.layout == Layout::kPadded ? padded_view : dense_view;
+    int64_t off = 0;
+    p.q = mk(off, c.batch, c.sq, c.hq, c.d);
+    off = round_up(std::max(p.q.span(), off + 1), 128);
+    p.k = mk(off, c.batch, c.sk, c.hkv, c.d);
+    off = round_up(std::max(p.k.span(), off + 1), 128);
+    p.v = mk(off, c.batch, c.sk, c.hkv, c.dv);
+    p.in_elems = round_up(std::max(p.v.span(), off + 1), 128);
+    p.o = mk(0, c.batch, c.sq, c.hq, c.dv);
+  }
+  p.out_elems = p.o.span() + kGuard;
+  return p;
+}
+
+// Dense (b, s, h, d) doubles from a strided 16-bit host buffer.
+std::vector<double> extract(const std::vector<uint16_t>& buf, const View& v, DType dt) {
+  std::vector<double> out(size_t(v.b * v.s * v.h * v.d));
+  const int64_t rows = v.b * v.s * v.h;
+  tu::parallel_for(size_t(rows), [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      const int64_t ih = int64_t(r) % v.h, is = (int64_t(r) / v.h) % v.s, ib = int64_t(r) / (v.h * v.s);
+      const uint16_t* src = buf.data() + v.at(ib, is, ih, 0);
+      double* dst = out.data() + r * v.d;
+      for (int64_t c = 0; c < v.d; ++c) dst[c] = tu::half_bits_to_float(dt, src[c]);
+    }
+  });
+  return out;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  tu::parallel_for(x.size(), [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) out[i] = x[i];
+  });
+  return out;
+}
+
+// Elements of a 16-bit allocation outside view `v` that are not the poison value.
+int64_t count_clobbered(const std::vector<uint16_t>& buf, const View& v) {
+  std::vector<uint8_t> inside(buf.size(), 0);
+  for (int64_t ib = 0; ib < v.b; ++ib)
+    for (int64_t is = 0; is < v.s; ++is)
+      for (int64_t ih = 0; ih < v.h; ++ih) std::memset(&inside[size_t(v.at(ib, is, ih, 0))], 1, size_t(v.d));
+  int64_t n = 0;
+  for (size_t i = 0; i < buf.size(); ++i) n += (!inside[i] && buf[i] != kPoison16);
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Device state shared by all tests of the process (buffers only grow).
+// ---------------------------------------------------------------------------
+struct DeviceState {
+  cudaStream_t stream = nullptr;
+  tu::DeviceBuffer in, out, lse, ref_o, ref_lse, low_o, low_lse, out2, lse2;
+};
+
+DeviceState& dev() {
+  static DeviceState* s = [] {
+    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
+    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
+    return st;
+  }();
+  return *s;
+}
+
+struct Buffers {
+  Plan plan;
+  std::vector<uint16_t> host_in;
+};
+
+// Allocates, fills q/k/v with fresh random normals (seeded by the case) and copies them up.
+::testing::AssertionResult upload_inputs(const Case& c, Buffers* b) {
+  b->plan = make_plan(c);
+  DeviceState& d = dev();
+  b->host_in.assign(size_t(b->plan.in_elems), 0);
+  tu::fill_normal(b->host_in.data(), b->host_in.size(), c.dtype, c.seed);
+  const size_t o_bytes = size_t(b->plan.out_elems) * 2;
+  const size_t lse_bytes = (size_t(c.batch) * c.hq * c.sq + kGuard) * 4;
+  const size_t ref_o_bytes = std::max<size_t>(size_t(c.batch) * c.sq * c.hq * c.dv, 1) * 4;
+  for (auto [buf, bytes] : {std::pair{&d.in, size_t(b->plan.in_elems) * 2}, std::pair{&d.out, o_bytes},
+                            std::pair{&d.out2, o_bytes}, std::pair{&d.lse, lse_bytes}, std::pair{&d.lse2, lse_bytes},
+                            std::pair{&d.ref_o, ref_o_bytes}, std::pair{&d.low_o, ref_o_bytes},
+                            std::pair{&d.ref_lse, lse_bytes}, std::pair{&d.low_lse, lse_bytes}}) {
+    const cudaError_t e = buf->reserve(bytes);
+    if (e != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
+  }
+  cudaError_t e = cudaMemcpyAsync(d.in.ptr, b->host_in.data(), b->host_in.size() * 2, cudaMemcpyHostToDevice, d.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << "upload: " << cudaGetErrorString(e);
+  return ::testing::AssertionSuccess();
+}
+
+uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
+
+flash3::ForwardArgs make_args(const Case& c, const Plan& p, void* in, void* out, float* lse) {
+  flash3::ForwardArgs a;
+  auto view4 = [&](void* base, const View& v) {
+    return TensorView::make4d(elem16(base, v.offset), c.dtype, v.b, v.s, v.h, v.d, v.sb, v.sr, v.sh, 1);
+  };
+  a.q = view4(in, p.q);
+  a.k = view4(in, p.k);
+  a.v = view4(in, p.v);
+  a.out = view4(out, p.o);
+  const int64_t sq1 = std::max<int64_t>(c.sq, 1);
+  a.lse = TensorView::make3d(lse, DType::kFloat32, c.batch, c.hq, c.sq, c.hq * sq1, sq1, 1);
+  a.opts.causal = c.causal;
+  a.opts.window_left = c.wl;
+  a.opts.window_right = c.wr;
+  return a;
+}
+
+flash3::gpuref::Args make_ref_args(const Case& c, const Plan& p, const void* in, float* out, float* lse) {
+  flash3::gpuref::Args r;
+  r.dtype = c.dtype;
+  r.batch = c.batch;
+  r.seqlen_q = c.sq;
+  r.seqlen_k = c.sk;
+  r.heads_q = c.hq;
+  r.heads_kv = c.hkv;
+  r.head_dim = c.d;
+  r.head_dim_v = c.dv;
+  auto s16 = [&](const View& v) {
+    flash3::gpuref::Strided16 t;
+    t.data = static_cast<const uint16_t*>(in) + v.offset;
+    t.batch_stride = v.sb;
+    t.row_stride = v.sr;
+    t.head_stride = v.sh;
+    return t;
+  };
+  r.q = s16(p.q);
+  r.k = s16(p.k);
+  r.v = s16(p.v);
+  r.causal = c.causal;
+  r.window_left = c.wl;
+  r.window_right = c.wr;
+  r.out = out;
+  r.lse = lse;
+  return r;
+}
+
+// Comparison of one output with the tolerance rule, with a readable report.
+struct Verdict {
+  bool ok = false;
+  std::string text;
+  flash3::ref::CloseResult r;
+};
+
+// `where(i)` describes dense index i.
+template <class Where>
+Verdict judge(const char* what, const std::vector<double>& ours, const std::vector<double>& ref,
+              const std::vector<double>& low, double eps, Where where) {
+  Verdict v;
+  v.r = flash3::ref::check_close(ours.data(), ref.data(), low.data(), ours.size(), eps);
+  v.ok = v.r.ok;
+  std::ostringstream os;
+  os.precision(6);
+  os << what << ": err=" << v.r.err << " baseline=" << v.r.base_err << " bound=" << v.r.bound << " (2*baseline+"
+     << eps << ") nan=" << v.r.nan_count << " n=" << ours.size();
+  // Worst element (NaN counts as worst).
+  size_t worst = ours.size();
+  double worst_e = -1;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    double e;
+    if (std::isnan(ours[i])) e = std::numeric_limits<double>::infinity();
+    else if (std::isinf(ref[i])) e = ours[i] == ref[i] ? 0.0 : std::numeric_limits<double>::infinity();
+    else e = std::fabs(ours[i] - ref[i]);
+    if (e > worst_e) worst_e = e, worst = i;
+  }
+  if (worst < ours.size())
+    os << "; worst at " << where(worst) << ": ours=" << ours[worst] << " ref=" << ref[worst] << " lowp=" << low[worst];
+  v.text = os.str();
+  return v;
+}
+
+std::string where_o(const Case& c, size_t i) {
+  const int64_t dv = c.dv, hq = c.hq, sq = c.sq;
+  std::ostringstream os;
+  os << "(b=" << int64_t(i) / (dv * hq * sq) << ", s=" << (int64_t(i) / (dv * hq)) % sq
+     << ", h=" << (int64_t(i) / dv) % hq << ", c=" << int64_t(i) % dv << ")";
+  return os.str();
+}
+std::string where_lse(const Case& c, size_t i) {
+  std::ostringstream os;
+  os << "(b=" << int64_t(i) / (int64_t(c.hq) * c.sq) << ", h=" << (int64_t(i) / c.sq) % c.hq
+     << ", s=" << int64_t(i) % c.sq << ")";
+  return os.str();
+}
+
+// Poisons out/lse (+ guards), runs flash3::forward on them. Returns the status.
+flash3::Status run_flash3(const Case& c, const Plan& p, void* out, float* lse) {
+  DeviceState& d = dev();
+  cudaMemsetAsync(out, 0xff, size_t(p.out_elems) * 2, d.stream);
+  cudaMemsetAsync(lse, 0xff, (size_t(c.batch) * c.hq * c.sq + kGuard) * 4, d.stream);
+  const flash3::ForwardArgs args = make_args(c, p, d.in.ptr, out, lse);
+  return flash3::forward(args, d.stream);
+}
+
+// Full check of one case: flash3 vs fp32 GPU reference, baseline = GPU emulation.
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& d = dev();
+  const Plan& p = b.plan;
+
+  const flash3::Status st = run_flash3(c, p, d.out.ptr, d.lse.as<float>());
+  ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
+  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
+  FLASH3_CUDA_OK(cudaGetLastError());
+
+  const auto ref_args = make_ref_args(c, p, d.in.ptr, d.ref_o.as<float>(), d.ref_lse.as<float>());
+  FLASH3_CUDA_OK(flash3::gpuref::forward(ref_args, flash3::gpuref::Mode::kFloat32, d.stream));
+  const auto low_args = make_ref_args(c, p, d.in.ptr, d.low_o.as<float>(), d.low_lse.as<float>());
+  FLASH3_CUDA_OK(flash3::gpuref::forward(low_args, flash3::gpuref::Mode::kLowPrecision, d.stream));
+
+  const size_t n_o = size_t(c.batch) * c.sq * c.hq * c.dv;
+  const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
+  std::vector<uint16_t> h_out(size_t(p.out_elems));
+  std::vector<uint32_t> h_lse_bits(n_lse + kGuard);
+  std::vector<float> h_ref_o(n_o), h_low_o(n_o), h_ref_lse(n_lse), h_low_lse(n_lse);
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_out.data(), d.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_lse_bits.data(), d.lse.ptr, h_lse_bits.size() * 4, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_o.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_o.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_lse.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_lse.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
+  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
+
+  // Nothing written outside out's view (padding, guard) or after lse.
+  const int64_t clobbered = count_clobbered(h_out, p.o);
+  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
+                          << " elements of the out allocation outside the (b, sq, hq, dv) view";
+  int64_t lse_guard = 0;
+  for (size_t i = n_lse; i < h_lse_bits.size(); ++i) lse_guard += h_lse_bits[i] != kPoison32;
+  EXPECT_EQ(lse_guard, 0) << c.describe() << ": flash3 wrote " << lse_guard << " floats past the end of lse";
+
+  // O.
+  {
+    const std::vector<double> ours = extract(h_out, p.o, c.dtype);
+    const std::vector<double> ref = to_double(h_ref_o), low = to_double(h_low_o);
+    const Verdict v = judge("O", ours, ref, low, kEpsO, [&](size_t i) { return where_o(c, i); });
+    ::testing::Test::RecordProperty("o_err", std::to_string(v.r.err));
+    ::testing::Test::RecordProperty("o_baseline", std::to_string(v.r.base_err));
+    EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
+  }
+  // LSE.
+  {
+    std::vector<double> ours(n_lse);
+    for (size_t i = 0; i < n_lse; ++i) ours[i] = tu::bits_f32(h_lse_bits[i]);
+    const std::vector<double> ref = to_double(h_ref_lse), low = to_double(h_low_lse);
+    const Verdict v = judge("LSE", ours, ref, low, kEpsLse, [&](size_t i) { return where_lse(c, i); });
+    ::testing::Test::RecordProperty("lse_err", std::to_string(v.r.err));
+    ::testing::Test::RecordProperty("lse_baseline", std::to_string(v.r.base_err));
+    EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
+  }
+}
+
+// First built forward variant, preferring the common ones.
+bool pick_built(DType* dt, int* d, int* dv) {
+  const HeadDims prefs[] = {{128, 128}, {64, 64}, {256, 256}, {96, 96}, {192, 192}, {192, 128}};
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (const HeadDims& h : prefs)
+      if (flash3::forward_is_built(t, h.d, h.dv)) {
+        *dt = t, *d = h.d, *dv = h.dv;
+        return true;
+      }
+  return false;
+}
+
+#define FLASH3_SKIP_UNLESS_BUILT(c)                                                                        \
+  do {                                                                                                     \
+    if (!flash3::forward_is_built((c).dtype, (c).d, (c).dv))                                              \
+      GTEST_SKIP() << "not built: forward kernel " << tu::short_dtype((c).dtype) << " " << (c).d << "x" \
+                   << (c).dv << " is not in this build (FLASH3_DTYPES / FLASH3_HDIMS)";                    \
+  } while (0)
+
+// ===========================================================================
+// The matrix.
+// ===========================================================================
+using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
+
+Case matrix_case(const MatrixParam& mp) {
+  Case c;
+  const auto& [dtype, hd, mask, sl, heads, batch] = mp;
+  c.dtype = dtype;
+  c.d = hd.d, c.dv = hd.dv;
+  apply_mask(&c, mask);
+  c.sq = sl.sq, c.sk = sl.sk;
+  c.hq = heads.hq, c.hkv = heads.hkv;
+  c.batch = batch;
+  // Exercise strides: q/k/v as slices of a packed (b, s, 3, h, d) buffer where that
+  // layout exists (MHA, sq == sk, d == dv); padded strides for the other batch-3 cases.
+  if (c.hq == c.hkv && c.sq == c.sk && c.d == c.dv) c.layout = Layout::kPackedQKV;
+  else if (c.batch == 3) c.layout = Layout::kPadded;
+  else c.layout = Layout::kContiguous;
+  std::ostringstream os;
+  os << tu::short_dtype(dtype) << "_d" << hd.d << "x" << hd.dv << "_" << mask_name(mask) << "_sq" << sl.sq << "_sk"
+     << sl.sk << "_" << heads_name(heads) << "_b" << batch;
+  c.name = os.str();
+  c.seed = fnv1a(c.name);
+  return c;
+}
+
+class FwdMatrix : public ::testing::TestWithParam<MatrixParam> {};
+
+TEST_P(FwdMatrix, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const Case c = matrix_case(GetParam());
+  FLASH3_SKIP_UNLESS_BUILT(c);
+  // FLASH3_GPU_TESTS_QUICK=1: leave out the (4096, 4096) cases (for quick iterations).
+  if (const char* q = std::getenv("FLASH3_GPU_TESTS_QUICK"); q && std::string(q) == "1" && c.sq == 4096)
+    GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4096 left out";
+  check_case(c);
+}
+
+std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) { return matrix_case(info.param).name; }
+
+// 2 dtypes x 6 head dims x 4 masks x 7 seqlen pairs x 3 head configs x 2 batches = 2016 cases.
+// No case is dropped (batch 3 of (4096, 4096) with hq=8 is kept): the largest case
+// (d=256, no mask) is ~1.2 TFLOP of reference work (both reference modes), and the
+// whole matrix ~4e13 FLOP, i.e. seconds of GPU time; host-side checking and, under
+// ctest, one process per case dominate (a few minutes with ctest -j8).
+INSTANTIATE_TEST_SUITE_P(
+    Fwd, FwdMatrix,
+    ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                       ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
+                                         HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
+                       ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
+                       ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
+                                         Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),
+                       ::testing::Values(Heads{2, 2}, Heads{8, 2}, Heads{4, 1}), ::testing::Values(1, 3)),
+    matrix_name);
+
+// ===========================================================================
+// Extra shapes outside the matrix: decode-like long keys, odd lengths.
+// ===========================================================================
+TEST(FwdGpu, ExtraShapes) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  struct S {
+    int b, sq, sk, hq, hkv;
+    Mask m;
+  };
+  const S shapes[] = {{2, 1, 4096, 8, 1, Mask::kNone},   {1, 7, 3000, 16, 2, Mask::kCausal},
+                      {4, 63, 65, 4, 4, Mask::kCausal},  {1, 257, 4095, 2, 1, Mask::kWindow256_256},
+                      {2, 4096, 1, 2, 2, Mask::kCausal}, {1, 129, 127, 6, 3, Mask::kWindow128_0}};
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv;
+    c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    c.layout = Layout::kPadded;
+    c.name = "extra_b" + std::to_string(s.b) + "_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" +
+             heads_name({s.hq, s.hkv}) + "_" + mask_name(s.m);
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// The GPU reference itself, against the float64 CPU reference.
+// ===========================================================================
+TEST(GpuReference, MatchesCpuFloat64) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  struct S {
+    DType dt;
+    int b, sq, sk, hq, hkv, d, dv;
+    bool causal;
+    int wl, wr;
+    Layout layout;
+  };
+  const S shapes[] = {
+      {DType::kBFloat16, 2, 37, 53, 4, 2, 64, 64, true, -1, -1, Layout::kPadded},            // causal, GQA, sq < sk
+      {DType::kFloat16, 1, 65, 65, 2, 2, 128, 128, false, 16, 8, Layout::kPackedQKV},        // window, packed q/k/v
+      {DType::kBFloat16, 2, 100, 30, 6, 1, 192, 128, false, 32, 0, Layout::kContiguous},     // fully masked rows, MQA
+      {DType::kFloat16, 1, 1, 300, 3, 3, 256, 256, false, -1, -1, Layout::kContiguous},      // one query, long keys
+      {DType::kBFloat16, 1, 70, 70, 2, 2, 96, 96, true, -1, -1, Layout::kPackedQKV},         // causal, packed
+      {DType::kFloat16, 3, 129, 129, 8, 2, 40, 24, false, 64, 64, Layout::kPadded},          // odd dims, window
+  };
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = s.dt, c.batch = s.b, c.sq = s.sq, c.hq = s.hq, c.hkv = s.hkv, c.d = s.d, c.dv = s.dv;
+    c.sk = s.sk;
+    c.causal = s.causal, c.wl = s.wl, c.wr = s.wr;
+    c.layout = s.layout;
+    if (c.layout == Layout::kPackedQKV) {
+      ASSERT_TRUE(c.hq == c.hkv && c.d == c.dv && c.sq == c.sk) << "packed q/k/v needs hq == hkv, d == dv, sq == sk";
+    }
+    c.name = "ref_" + std::string(tu::short_dtype(s.dt)) + "_b" + std::to_string(s.b) + "_sq" + std::to_string(c.sq) +
+             "_sk" + std::to_string(c.sk) + "_d" + std::to_string(s.d) + "x" + std::to_string(s.dv);
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& d = dev();
+    const Plan& p = b.plan;
+    const auto ra = make_ref_args(c, p, d.in.ptr, d.ref_o.as<float>(), d.ref_lse.as<float>());
+    FLASH3_CUDA_OK(flash3::gpuref::forward(ra, flash3::gpuref::Mode::kFloat32, d.stream));
+    const auto la = make_ref_args(c, p, d.in.ptr, d.low_o.as<float>(), d.low_lse.as<float>());
+    FLASH3_CUDA_OK(flash3::gpuref::forward(la, flash3::gpuref::Mode::kLowPrecision, d.stream));
+    const size_t n_o = size_t(c.batch) * c.sq * c.hq * c.dv, n_lse = size_t(c.batch) * c.hq * c.sq;
+    std::vector<float> g_o(n_o), g_lse(n_lse), l_o(n_o), l_lse(n_lse);
+    FLASH3_CUDA_OK(cudaMemcpyAsync(g_o.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
+    FLASH3_CUDA_OK(cudaMemcpyAsync(g_lse.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
+    FLASH3_CUDA_OK(cudaMemcpyAsync(l_o.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
+    FLASH3_CUDA_OK(cudaMemcpyAsync(l_lse.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
+    FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
+
+    flash3::ref::Problem pr;
+    pr.batch = c.batch, pr.seqlen_q = c.sq, pr.seqlen_k = c.sk, pr.heads_q = c.hq, pr.heads_kv = c.hkv;
+    pr.head_dim = c.d, pr.head_dim_v = c.dv;
+    flash3::ref::Options opt;
+    opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr;
+    const std::vector<double> q = extract(b.host_in, p.q, c.dtype), k = extract(b.host_in, p.k, c.dtype),
+                              v = extract(b.host_in, p.v, c.dtype);
+    std::vector<double> o64(n_o), lse64(n_lse), olow64(n_o), lselow64(n_lse);
+    flash3::ref::forward(pr, opt, q.data(), k.data(), v.data(), o64.data(), lse64.data());
+    const auto lp = c.dtype == DType::kBFloat16 ? flash3::ref::LowPrecision::kBFloat16 : flash3::ref::LowPrecision::kFloat16;
+    flash3::ref::forward_lowp(lp, pr, opt, q.data(), k.data(), v.data(), olow64.data(), lselow64.data());
+
+    // fp32 GPU reference == float64 CPU reference within 1e-5 (relative for |x| > 1).
+    auto max_err = [](const std::vector<float>& g, const std::vector<double>& r, size_t* at) {
+      double m = 0;
+      *at = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        double e;
+        if (std::isinf(r[i]) || std::isnan(g[i])) e = (double(g[i]) == r[i]) ? 0.0 : std::numeric_limits<double>::infinity();
+        else e = std::fabs(double(g[i]) - r[i]) / std::max(1.0, std::fabs(r[i]));
+        if (e > m) m = e, *at = i;
+      }
+      return m;
+    };
+    size_t at = 0;
+    const double eo = max_err(g_o, o64, &at);
+    EXPECT_LE(eo, 1e-5) << c.describe() << ": GPU fp32 reference O differs from the float64 reference by " << eo
+                        << " at " << where_o(c, at) << " (gpu=" << g_o[at] << " cpu=" << o64[at] << ")";
+    const double el = max_err(g_lse, lse64, &at);
+    EXPECT_LE(el, 1e-5) << c.describe() << ": GPU fp32 reference LSE differs from the float64 reference by " << el
+                        << " at " << where_lse(c, at) << " (gpu=" << g_lse[at] << " cpu=" << lse64[at] << ")";
+
+    // The emulation rounds like the CPU emulation: its error against float64 is of the
+    // same size (fp32-vs-float64 rounding ties may flip a few elements, so a factor of 2).
+    auto err_vs = [](const std::vector<double>& a, const std::vector<double>& r) {
+      double m = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!std::isinf(r[i])) m = std::max(m, std::fabs(a[i] - r[i]));
+      return m;
+    };
+    const double gpu_low_o = err_vs(to_double(l_o), o64), cpu_low_o = err_vs(olow64, o64);
+    const double gpu_low_l = err_vs(to_double(l_lse), lse64), cpu_low_l = err_vs(lselow64, lse64);
+    EXPECT_GT(cpu_low_o, 0.0) << c.describe() << ": CPU low-precision emulation has no error at all";
+    EXPECT_GE(gpu_low_o, 0.5 * cpu_low_o) << c.describe() << ": O emulation error gpu=" << gpu_low_o
+                                          << " cpu=" << cpu_low_o;
+    EXPECT_LE(gpu_low_o, 2.0 * cpu_low_o + 1e-6) << c.describe() << ": O emulation error gpu=" << gpu_low_o
+                                                 << " cpu=" << cpu_low_o;
+    EXPECT_GE(gpu_low_l, 0.5 * cpu_low_l) << c.describe() << ": LSE emulation error gpu=" << gpu_low_l
+                                          << " cpu=" << cpu_low_l;
+    EXPECT_LE(gpu_low_l, 2.0 * cpu_low_l + 1e-6) << c.describe() << ": LSE emulation error gpu=" << gpu_low_l
+                                                 << " cpu=" << cpu_low_l;
+    // Fully masked rows agree exactly.
+    for (size_t i = 0; i < n_lse; ++i)
+      if (std::isinf(lse64[i])) {
+        EXPECT_TRUE(std::isinf(l_lse[i]) && l_lse[i] < 0) << c.describe() << ": emulation LSE at " << where_lse(c, i);
+      }
+  }
+}
+
+// ===========================================================================
+// Empty sequences.
+// ===========================================================================
+TEST(FwdGpu, EmptySeqlenKGivesZeroAndMinusInf) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  for (Mask m : {Mask::kNone, Mask::kCausal}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 70, c.sk = 0, c.hq = 4, c.hkv = 2;
+    apply_mask(&c, m);
+    c.name = std::string("empty_k_") + mask_name(m);
+    c.seed = 7;
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const flash3::Status st = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
+    ASSERT_TRUE(st.ok()) << "seqlen_k = 0: " << st.message;
+    FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+    const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
+    std::vector<uint16_t> h_out(size_t(b.plan.out_elems));
+    std::vector<float> h_lse(n_lse);
+    FLASH3_CUDA_OK(cudaMemcpy(h_out.data(), ds.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost));
+    FLASH3_CUDA_OK(cudaMemcpy(h_lse.data(), ds.lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    const std::vector<double> o = extract(h_out, b.plan.o, c.dtype);
+    int64_t bad_o = 0, bad_lse = 0;
+    for (double x : o) bad_o += !(x == 0.0);
+    for (float x : h_lse) bad_lse += !(std::isinf(x) && x < 0);
+    EXPECT_EQ(bad_o, 0) << "seqlen_k = 0: " << bad_o << " of " << o.size() << " out elements are not 0";
+    EXPECT_EQ(bad_lse, 0) << "seqlen_k = 0: " << bad_lse << " of " << n_lse << " lse values are not -inf";
+    EXPECT_EQ(count_clobbered(h_out, b.plan.o), 0);
+  }
+}
+
+TEST(FwdGpu, EmptySeqlenQIsOk) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt = DType::kBFloat16;
+  int d = 128, dv = 128;
+  pick_built(&dt, &d, &dv);  // an empty problem is valid even without kernels
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 0, c.sk = 64, c.hq = 2, c.hkv = 2;
+  c.name = "empty_q";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  const flash3::Status st = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
+  EXPECT_TRUE(st.ok()) << "seqlen_q = 0: " << st.message;
+  FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+  FLASH3_CUDA_OK(cudaGetLastError());
+  // Also batch = 0.
+  c.batch = 0, c.sq = 16, c.name = "empty_batch";
+  ASSERT_TRUE(upload_inputs(c, &b));
+  const flash3::Status st2 = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
+  EXPECT_TRUE(st2.ok()) << "batch = 0: " << st2.message;
+  FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+}
+
+// ===========================================================================
+// Determinism: the same call twice gives bitwise-identical out and lse.
+// ===========================================================================
+TEST(FwdGpu, Deterministic) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  struct S {
+    int b, sq, sk, hq, hkv;
+    Mask m;
+  };
+  // Includes decode-like shapes, where a split-KV path would be taken if there is one.
+  const S shapes[] = {{2, 1000, 1000, 8, 2, Mask::kCausal},
+                      {1, 1, 4096, 8, 1, Mask::kNone},
+                      {3, 113, 1023, 4, 1, Mask::kWindow256_256},
+                      {1, 4096, 4096, 2, 2, Mask::kNone}};
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    c.name = "determinism_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk);
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const flash3::Status s1 = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
+    ASSERT_TRUE(s1.ok()) << s1.message;
+    const flash3::Status s2 = run_flash3(c, b.plan, ds.out2.ptr, ds.lse2.as<float>());
+    ASSERT_TRUE(s2.ok()) << s2.message;
+    FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+    const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
+    std::vector<uint16_t> o1(size_t(b.plan.out_elems)), o2(o1.size());
+    std::vector<uint32_t> l1(n_lse), l2(n_lse);
+    FLASH3_CUDA_OK(cudaMemcpy(o1.data(), ds.out.ptr, o1.size() * 2, cudaMemcpyDeviceToHost));
+    FLASH3_CUDA_OK(cudaMemcpy(o2.data(), ds.out2.ptr, o2.size() * 2, cudaMemcpyDeviceToHost));
+    FLASH3_CUDA_OK(cudaMemcpy(l1.data(), ds.lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    FLASH3_CUDA_OK(cudaMemcpy(l2.data(), ds.lse2.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    int64_t diff_o = 0, diff_l = 0, first_o = -1;
+    for (size_t i = 0; i < o1.size(); ++i)
+      if (o1[i] != o2[i]) {
+        if (first_o < 0) first_o = int64_t(i);
+        ++diff_o;
+      }
+    for (size_t i = 0; i < n_lse; ++i) diff_l += l1[i] != l2[i];
+    EXPECT_EQ(diff_o, 0) << c.describe() << ": two identical forward calls differ in " << diff_o
+                         << " out elements (first at allocation index " << first_o << ")";
+    EXPECT_EQ(diff_l, 0) << c.describe() << ": two identical forward calls differ in " << diff_l << " lse values";
+  }
+}
+
+// ===========================================================================
+// Bad pointers: an error Status, no crash, no sticky CUDA error.
+// ===========================================================================
+TEST(FwdGpu, HostOrMisalignedPointerIsAnError) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt = DType::kBFloat16;
+  int d = 128, dv = 128;
+  const bool built = pick_built(&dt, &d, &dv);
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
+  c.name = "bad_pointers";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  const Plan& p = b.plan;
+  std::vector<uint16_t> host_q(size_t(p.in_elems) + 64, 0x3c00);
+  std::vector<uint16_t> host_o(size_t(p.out_elems) + 64, 0);
+  std::vector<float> host_lse(size_t(c.batch) * c.hq * c.sq + 64, 0.f);
+
+  struct Bad {
+    const char* what;
+    void (*mutate)(flash3::ForwardArgs&, void*, void*, void*);
+  };
+  const Bad bads[] = {
+      {"q is a host pointer", [](flash3::ForwardArgs& a, void* hq, void*, void*) { a.q.data = hq; }},
+      {"out is a host pointer", [](flash3::ForwardArgs& a, void*, void* ho, void*) { a.out.data = ho; }},
+      {"lse is a host pointer", [](flash3::ForwardArgs& a, void*, void*, void* hl) { a.lse.data = hl; }},
+      {"q misaligned by one element",
+       [](flash3::ForwardArgs& a, void*, void*, void*) { a.q.data = static_cast<uint16_t*>(a.q.data) + 1; }},
+      {"v misaligned by one byte",
+       [](flash3::ForwardArgs& a, void*, void*, void*) { a.v.data = static_cast<char*>(a.v.data) + 1; }},
+      {"out misaligned by 4 elements",
+       [](flash3::ForwardArgs& a, void*, void*, void*) { a.out.data = static_cast<uint16_t*>(a.out.data) + 4; }},
+      {"lse misaligned by 2 bytes",
+       [](flash3::ForwardArgs& a, void*, void*, void*) { a.lse.data = static_cast<char*>(a.lse.data) + 2; }},
+  };
+  for (const Bad& bad : bads) {
+    flash3::ForwardArgs a = make_args(c, p, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
+    bad.mutate(a, host_q.data(), host_o.data(), host_lse.data());
+    const flash3::Status st = flash3::forward(a, ds.stream);
+    EXPECT_FALSE(st.ok()) << bad.what << ": flash3::forward returned Ok";
+    EXPECT_FALSE(st.message.empty()) << bad.what << ": error without a message";
+    if (built) {
+      EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument) << bad.what << ": " << st.message;
+    }
+    EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess) << bad.what;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << bad.what;
+  }
+  // The host buffers were not touched.
+  for (uint16_t x : host_o) ASSERT_EQ(x, 0u) << "flash3 wrote into the host out buffer";
+  // And a correct call afterwards still works.
+  if (built) check_case(c);
+}
+
+// ===========================================================================
+// The manifest's variant list and forward_is_built() agree.
+// ===========================================================================
+TEST(FwdGpu, VariantsFileMatchesIsBuilt) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  bool found = false;
+  const std::vector<tu::Variant> vars = tu::read_variants(FLASH3_VARIANTS_FILE, &found);
+  ASSERT_TRUE(found) << "cannot read " << FLASH3_VARIANTS_FILE;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (HeadDims h : {HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128}, HeadDims{192, 192},
+                       HeadDims{256, 256}, HeadDims{192, 128}}) {
+      bool listed = false;
+      for (const tu::Variant& v : vars)
+        listed |= v.pass == "fwd" && v.dtype == tu::short_dtype(dt) && v.d == h.d && v.dv == h.dv;
+      EXPECT_EQ(listed, flash3::forward_is_built(dt, h.d, h.dv))
+          << tu::short_dtype(dt) << " " << h.d << "x" << h.dv << ": variants.txt and forward_is_built() disagree";
+    }
+}
+
+}  // namespace
