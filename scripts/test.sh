@@ -8,3 +8,7 @@ scripts/bootstrap.sh
 scripts/build.sh "$@"
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${JOBS:-$(nproc)}"
+# ctest lists skipped tests without gtest's reason; say it once.
+if ! "$BUILD_DIR/flash3_info" --check >/dev/null 2>&1; then
+  echo "GPU tests (label 'gpu') were skipped: $("$BUILD_DIR/flash3_info" --check)"
+fi

@@ -19,6 +19,7 @@ DTYPES = {  # name -> (flash3::DType enumerator, CUTLASS element type)
 HDIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192": (192, 192),
          "256": (256, 256), "192x128": (192, 128)}
 PASSES = {"fwd": "src/launch/fwd_launch.cuh", "bwd": "src/launch/bwd_launch.cuh"}
+NOT_IMPLEMENTED = {"bwd": "backward"}
 
 
 def split(s):
@@ -52,6 +53,8 @@ def main():
     for p in split(a.passes):
         if p not in PASSES:
             raise SystemExit(f"manifest: unknown pass '{p}' (have {list(PASSES)})")
+        if p in NOT_IMPLEMENTED:
+            raise SystemExit(f"manifest: pass '{p}' has no kernels yet (not supported yet: {NOT_IMPLEMENTED[p]})")
 
     sources, rows, listing = [], [], []
     if a.kernels:

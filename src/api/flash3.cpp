@@ -32,7 +32,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     FwdParams params = make_fwd_params(args);
     // Benchmark-only schedule ablation; ignored unless built with FLASH3_ABLATION.
     if (const char* sched = std::getenv("FLASH3_FWD_SCHEDULE")) {
-      params.schedule = static_cast<FwdSchedule>(std::atoi(sched) & 7);
+      params.schedule = static_cast<FwdSchedule>(std::atoi(sched) & 15);
     }
     return launch_forward(params, stream);
   } catch (const std::exception& e) {

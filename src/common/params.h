@@ -7,7 +7,7 @@
 
 namespace flash3 {
 
-// Forward schedule ablation (only honoured in -DFLASH3_ABLATION=ON builds, bf16 d=128):
+// Forward schedule ablation (only honoured in -DFLASH3_ABLATION=ON builds, bf16 d=128 / d=64):
 // the FLASH3_FWD_SCHEDULE environment variable picks it (see docs/performance.md).
 enum class FwdSchedule : int {
   kDefault = 0,
@@ -18,6 +18,11 @@ enum class FwdSchedule : int {
   kTileN144 = 5,
   kTileN160 = 6,
   kTileN192 = 7,
+  // bf16 d=64 variants
+  kD64Stages3 = 8,
+  kD64NoPingpong = 9,
+  kD64TileN128 = 10,
+  kD64CausalTileN192 = 11,
 };
 
 struct FwdParams {

@@ -5,6 +5,7 @@
 namespace flash3 {
 
 Status run_fwd_ablation_tile_n(const FwdParams& p, cudaStream_t stream);
+Status run_fwd_ablation_d64(const FwdParams& p, cudaStream_t stream);
 
 namespace {
 template <bool kOverlap, bool kPingpong>
@@ -21,6 +22,7 @@ Status run_sched(const FwdParams& p, cudaStream_t stream) {
 }  // namespace
 
 Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream) {
+  if (p.dtype == DType::kBFloat16 && p.head_dim == 64 && p.head_dim_v == 64) return run_fwd_ablation_d64(p, stream);
   if (p.dtype != DType::kBFloat16 || p.head_dim != 128 || p.head_dim_v != 128) {
     return Status::NotSupported("schedule ablation outside bf16 d=128");
   }

@@ -71,13 +71,14 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
 // intra-warpgroup overlap and/or pingpong switched off, or another tile_n.
 // Built only with -DFLASH3_ABLATION=ON, for bf16 d=128 (src/launch/fwd_ablation*.cu),
 // and chosen by FwdParams::schedule.
-template <class Base, bool kOverlap, bool kPingpong, int kTileN = 0>
+template <class Base, bool kOverlap, bool kPingpong, int kTileN = 0, int kStages = 0>
 struct AblatedFwdConfig {
   static constexpr FwdTileConfig make() {
     FwdTileConfig c = Base::value;
     c.intra_wg_overlap = kOverlap;
     c.pingpong = kPingpong;
     if (kTileN > 0) c.tile_n = kTileN;
+    if (kStages > 0) c.num_stages = kStages;
     return c;
   }
   static constexpr FwdTileConfig value = make();
