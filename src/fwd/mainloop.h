@@ -111,15 +111,6 @@ struct FwdMainloop {
     }
   }
 
-  // Consumer state that lives across the KV loop.
-  template <class TensorO, class TensorP, int kNRows>
-  struct State {
-    TensorO& tOrO;                  // O accumulator (persistent)
-    TensorP& tOrP;                  // P of the previous block, operand A of the PV GEMM
-    OnlineSoftmax<kNRows>& softmax;
-    float (&row_scale)[kNRows];
-  };
-
   template <bool kSeqlen, bool kRight, bool kLeft, class TensorS, class TensorC>
   CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, Params const& params, int m_block,
                                          int n_block) {
