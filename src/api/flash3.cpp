@@ -1,5 +1,6 @@
 // Public entry points: validate, lower, launch. Nothing here throws: every
 // failure, including an unexpected exception, becomes a Status.
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -42,11 +43,42 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   }
 }
 
-Status backward(const BackwardArgs& args, cudaStream_t /*stream*/) {
+Status backward(const BackwardArgs& args, cudaStream_t stream) {
   try {
     Status s = validate_backward(args);
     if (!s.ok()) return s;
-    return Status::NotSupported("backward");
+    if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
+    if (args.opts.cu_seqlens_q != nullptr) return Status::NotSupported("varlen (cu_seqlens)");
+    if (backward_is_empty(args)) {
+      // No query rows. With keys present dK = dV = 0 must still be written:
+      // the kernel's empty trapezoids do that (validation stopped before these checks).
+      if (args.q.shape[0] == 0 || args.k.shape[1] == 0) return Status::Ok();
+      const int last = args.q.ndim - 1;
+      s = check_kernel_built(false, args.q.dtype, static_cast<int>(args.q.shape[last]),
+                             static_cast<int>(args.v.shape[last]));
+      if (s.ok() && !device_check_skipped()) s = check_backward_device(args);
+      if (!s.ok()) return s;
+    }
+    BwdParams params = make_bwd_params(args);
+    const size_t need = backward_workspace_bytes(params);
+    if (args.workspace != nullptr) {
+      if (args.workspace_bytes < need) {
+        return Status::Invalid("workspace: " + std::to_string(args.workspace_bytes) +
+                               " bytes given, backward_workspace_size() = " + std::to_string(need) + " needed");
+      }
+      if (reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {
+        return Status::Invalid("workspace: must be 256-byte aligned");
+      }
+      params.workspace = args.workspace;
+      return launch_backward(params, stream);
+    }
+    // Stream-ordered scratch: no device-wide synchronisation, reusable by the
+    // driver's pool as soon as the kernels that use it have run.
+    if (need > 0) FLASH3_CUDA_TRY(cudaMallocAsync(&params.workspace, need, stream));
+    Status launched = launch_backward(params, stream);
+    Status freed = need > 0 ? cuda_status(cudaFreeAsync(params.workspace, stream), "cudaFreeAsync(workspace)")
+                            : Status::Ok();
+    return launched.ok() ? freed : launched;
   } catch (const std::exception& e) {
     return internal_error("flash3::backward", e.what());
   } catch (...) {
@@ -54,7 +86,27 @@ Status backward(const BackwardArgs& args, cudaStream_t /*stream*/) {
   }
 }
 
-size_t backward_workspace_size(const BackwardArgs& /*args*/) { return 0; }
+// Depends only on q's shape (and the head dims): the size a caller allocates
+// before it has the other tensors. 0 for an empty or malformed q.
+size_t backward_workspace_size(const BackwardArgs& args) {
+  try {
+    const TensorView& q = args.q;
+    if (args.opts.cu_seqlens_q != nullptr || q.ndim != 4 || args.v.ndim != 4) return 0;
+    for (int i = 0; i < 4; ++i)
+      if (q.shape[i] <= 0) return 0;
+    if (q.shape[0] > INT32_MAX || q.shape[1] > INT32_MAX || q.shape[2] > INT32_MAX || q.shape[3] > 256) return 0;
+    BwdParams p;
+    p.batch = static_cast<int>(q.shape[0]);
+    p.seqlen_q = static_cast<int>(q.shape[1]);
+    p.heads_q = static_cast<int>(q.shape[2]);
+    p.head_dim = static_cast<int>(q.shape[3]);
+    p.head_dim_v = static_cast<int>(args.v.shape[3]);
+    p.is_causal = args.opts.causal;
+    return backward_workspace_bytes(p);
+  } catch (...) {
+    return 0;
+  }
+}
 
 bool forward_is_built(DType dtype, int head_dim, int head_dim_v) {
   return fwd_kernel_built(dtype, head_dim, head_dim_v);

@@ -22,12 +22,6 @@ namespace flash3 {
 
 namespace {
 
-#define FLASH3_RETURN_IF_ERROR(expr)      \
-  do {                                    \
-    ::flash3::Status _st = (expr);        \
-    if (!_st.ok()) return _st;            \
-  } while (0)
-
 constexpr int64_t kMaxOffset = std::numeric_limits<int32_t>::max();
 constexpr int kMaxHeadDim = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -586,4 +580,40 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   return p;
 }
 
+BwdParams make_bwd_params(const BackwardArgs& args) {
+  ForwardArgs f;
+  f.q = args.q;
+  f.k = args.k;
+  f.v = args.v;
+  f.out = args.out;
+  f.lse = args.lse;
+  f.opts = args.opts;
+  BwdParams p;
+  static_cast<FwdParams&>(p) = make_fwd_params(f);
+  const bool varlen = is_varlen(args.opts);
+  const int R = varlen ? 0 : 1, H = R + 1;
+  p.dout = args.dout.data;
+  p.lse_in = static_cast<const float*>(args.lse.data);
+  p.dlse = static_cast<const float*>(args.dlse.data);
+  p.dq = args.dq.data;
+  p.dk = args.dk.data;
+  p.dv = args.dv.data;
+  auto strides = [&](const TensorView& t, int64_t* b, int64_t* r, int64_t* h) {
+    *b = varlen ? 0 : t.stride[0];
+    *r = t.stride[R];
+    *h = t.stride[H];
+  };
+  strides(args.dout, &p.do_batch_stride, &p.do_row_stride, &p.do_head_stride);
+  strides(args.dq, &p.dq_batch_stride, &p.dq_row_stride, &p.dq_head_stride);
+  strides(args.dk, &p.dk_batch_stride, &p.dk_row_stride, &p.dk_head_stride);
+  strides(args.dv, &p.dv_batch_stride, &p.dv_row_stride, &p.dv_head_stride);
+  if (p.dlse != nullptr) {
+    p.dlse_batch_stride = varlen ? 0 : args.dlse.stride[0];
+    p.dlse_head_stride = varlen ? args.dlse.stride[0] : args.dlse.stride[1];
+  }
+  p.deterministic = args.opts.deterministic;
+  return p;
+}
+
 }  // namespace flash3
+

@@ -57,4 +57,45 @@ CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range(const MaskSpec& m, int m_block
   return r;
 }
 
+// Backward: which query blocks KV block n_block visits. Exactly the transpose of
+// fwd_n_block_range: m is visited iff fwd_n_block_range(m).n_min <= n_block <
+// fwd_n_block_range(m).n_max (checked by the CPU tests).
+struct MBlockRange {
+  int m_min = 0, m_max = 0;  // [m_min, m_max); empty when m_max <= m_min
+  CUTLASS_HOST_DEVICE bool empty() const { return m_max <= m_min; }
+};
+
+CUTLASS_HOST_DEVICE MBlockRange bwd_m_block_range(const MaskSpec& m, int n_block, int tile_m, int tile_n) {
+  MBlockRange r;
+  r.m_max = ceil_div_int(m.seqlen_q, tile_m);
+  const int col_first = n_block * tile_n;
+  const int col_last = col_first + tile_n - 1;  // unclipped, as in fwd_n_block_range
+  if (col_first >= m.seqlen_k) {  // block entirely past seqlen_k
+    r.m_max = 0;
+    return r;
+  }
+  if (m.has_right()) {
+    // Row i sees col_last iff col_last <= i + offset + window_right.
+    r.m_min = imax(0, floor_div(col_first - m.offset() - m.window_right, tile_m));
+  }
+  if (m.has_left()) {
+    // Row i sees col_first iff col_first >= i + offset - window_left.
+    r.m_max = imin(r.m_max, imax(0, floor_div(col_last - m.offset() + m.window_left, tile_m) + 1));
+  }
+  return r;
+}
+
+// Whether the (m_block, n_block) tile has any invisible (query, key) pair,
+// counting keys past seqlen_k; query rows past seqlen_q are neutralised by
+// their statistics instead (LSE = +inf), so they need no mask.
+CUTLASS_HOST_DEVICE bool bwd_tile_needs_mask(const MaskSpec& m, int m_block, int n_block, int tile_m, int tile_n) {
+  const int row_first = m_block * tile_m, row_last = row_first + tile_m - 1;
+  const int col_first = n_block * tile_n, col_last = col_first + tile_n - 1;
+  if (col_last >= m.seqlen_k) return true;
+  if (m.has_right() && col_last > row_first + m.offset() + m.window_right) return true;
+  if (m.has_left() && col_first < row_last + m.offset() - m.window_left) return true;
+  return false;
+}
+
 }  // namespace flash3
+

@@ -24,4 +24,10 @@ inline Status check_last_launch(const char* what) { return cuda_status(cudaGetLa
     if (!_s.ok()) return _s;                                               \
   } while (0)
 
+#define FLASH3_RETURN_IF_ERROR(expr)      \
+  do {                                    \
+    ::flash3::Status _st = (expr);        \
+    if (!_st.ok()) return _st;            \
+  } while (0)
+
 }  // namespace flash3

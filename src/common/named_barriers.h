@@ -19,11 +19,29 @@ enum class FwdBarrier : int {
   kWarpSchedulerWG3 = 3,
 };
 
+// Backward (seed 7.4.1). Ids are reused from the forward's: a kernel is one or the other.
+enum class BwdBarrier : int {
+  // All consumer threads: every warpgroup's dS^T slice is in shared memory
+  // before any warpgroup's dQ GEMM reads the whole tile.
+  kPdS = 0,
+  // One-slot mailboxes between consumer warpgroup w (128 threads) and the dQ
+  // store warp (32 threads): 160 arrivals per generation.
+  kdQFullWG0 = 1,   // + w: the staging chunk is written (consumers arrive, store warp syncs)
+  kdQEmptyWG0 = 3,  // + w: the bulk reduce has read it (store warp arrives, consumers sync)
+  kEpilogue = 5,    // all consumer threads
+};
+
 CUTLASS_DEVICE void named_barrier_sync(int num_threads, FwdBarrier id) {
   cutlass::arch::NamedBarrier::sync(num_threads, static_cast<int>(id));
 }
 CUTLASS_DEVICE void named_barrier_arrive(int num_threads, FwdBarrier id) {
   cutlass::arch::NamedBarrier::arrive(num_threads, static_cast<int>(id));
+}
+CUTLASS_DEVICE void named_barrier_sync(int num_threads, BwdBarrier id, int plus = 0) {
+  cutlass::arch::NamedBarrier::sync(num_threads, static_cast<int>(id) + plus);
+}
+CUTLASS_DEVICE void named_barrier_arrive(int num_threads, BwdBarrier id, int plus = 0) {
+  cutlass::arch::NamedBarrier::arrive(num_threads, static_cast<int>(id) + plus);
 }
 CUTLASS_DEVICE void named_barrier_sync(int num_threads, int id) {
   cutlass::arch::NamedBarrier::sync(num_threads, id);

@@ -23,6 +23,8 @@ enum class FwdSchedule : int {
   kD64NoPingpong = 9,
   kD64TileN128 = 10,
   kD64CausalTileN192 = 11,
+  // Every build: causal/local tiles in plain order instead of longest first.
+  kNoLpt = 12,
 };
 
 struct FwdParams {
@@ -58,5 +60,26 @@ struct FwdParams {
 
 // Lowers validated args. Only call after validate_forward() succeeded.
 FwdParams make_fwd_params(const ForwardArgs& args);
+
+// Backward: the forward's problem description (q/k/v/o, shapes, strides, scale,
+// mask) plus the gradients, the statistics and the scratch buffers.
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  const float* lse_in = nullptr;  // (b, hq, sq) natural-log LSE from the forward
+  const float* dlse = nullptr;    // optional gradient of the LSE
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dlse_batch_stride = 0, dlse_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  bool deterministic = false;
+  void* workspace = nullptr;  // backward_workspace_size() bytes, 256-byte aligned
+};
+
+// Lowers validated args (workspace left null; the caller provides it).
+BwdParams make_bwd_params(const BackwardArgs& args);
 
 }  // namespace flash3

@@ -49,4 +49,35 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local) {
   return {128, 64, 2, 2, true, false, true, 24, 240};
 }
 
+// ---------------------------------------------------------------- backward
+// One CTA owns tile_n keys (64 per consumer warpgroup) and streams tile_m query
+// rows per iteration (seed 7.4-7.7). S^T = K Q^T and dP^T = V dO^T are computed
+// "swapAB", so each warpgroup holds P^T / dS^T for its own 64 keys in registers
+// and feeds them straight into dV += P^T dO and dK += dS^T Q (register-sourced
+// WGMMA); only dS goes through shared memory, for dQ = dS K.
+struct BwdTileConfig {
+  int tile_m;         // query rows per iteration
+  int tile_n;         // keys per CTA = 64 x num_mma_wg
+  int q_stages;       // Q (+ LSE) ring depth
+  int do_stages;      // dO (+ D) ring depth
+  int num_mma_wg;     // consumer warpgroups
+  int producer_regs;  // setmaxnreg, producer warpgroup (TMA warp + dQ store warp)
+  int consumer_regs;  // setmaxnreg, each consumer warpgroup
+};
+
+// Registers per consumer thread (d = dv = 128): dK 64 + dV 64 accumulators live
+// across the loop, S^T 32 + dP^T 32 per iteration, dQ 32 after S/dP are dead.
+// SMEM (d = 128): K 32 + V 32 + 2 x Q 16 + 2 x dO 16 + 2 x dS 16 + dQ staging 32 KB.
+constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool /*causal_or_local*/) {
+  (void)d;
+  (void)dv;
+  return {64, 128, 2, 2, 2, 24, 240};
+}
+
+constexpr int bwd_smem_bytes(const BwdTileConfig& c, int d, int dv, int elem_bytes) {
+  return (c.tile_n * (d + dv) + c.q_stages * c.tile_m * d + c.do_stages * c.tile_m * dv + 2 * c.tile_m * c.tile_n) *
+             elem_bytes +
+         c.tile_m * d * 4 + (c.q_stages + c.do_stages) * c.tile_m * 4 + 1024;
+}
+
 }  // namespace flash3

@@ -119,6 +119,7 @@ struct FwdTraits {
     MaskSpec mask;
     int heads_q, heads_per_kv, num_m_blocks;
     float softmax_scale, softmax_scale_log2;
+    bool lpt;  // longest-first tile order (LptTileScheduler)
   };
 };
 

@@ -5,12 +5,16 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "bwd/workspace.h"
 #include "common/cuda_check.h"
+#include "config/tile_size.h"
 
 namespace flash3 {
 
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& params, cudaStream_t stream);
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_bwd(const BwdParams& params, cudaStream_t stream);
 
 bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v) {
 #define FLASH3_FWD(E, T, D, DV) \
@@ -46,4 +50,24 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream) {
                               std::to_string(params.head_dim_v) + " is not built in this library");
 }
 
+Status launch_backward(const BwdParams& params, cudaStream_t stream) {
+#define FLASH3_FWD(E, T, D, DV)
+#define FLASH3_BWD(E, T, D, DV)                                                        \
+  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
+    return run_bwd<T, D, DV>(params, stream);                                          \
+  }
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+  return Status::NotSupported("backward kernel for dtype " + std::string(dtype_name(params.dtype)) +
+                              ", head_dim " + std::to_string(params.head_dim) + ", head_dim_v " +
+                              std::to_string(params.head_dim_v) + " is not built in this library");
+}
+
+size_t backward_workspace_bytes(const BwdParams& p) {
+  const int tile_m = bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local).tile_m;
+  return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, tile_m).bytes;
+}
+
 }  // namespace flash3
+

@@ -62,7 +62,8 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   auto kernel = flash_fwd_kernel<Traits, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch);
+  kp.lpt = p.schedule != FwdSchedule::kNoLpt;
+  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.lpt);
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
   return check_last_launch("flash3 forward kernel launch");
 }
@@ -97,7 +98,7 @@ Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.schedule != FwdSchedule::kDefault) return run_fwd_ablation(p, stream);
+  if (p.schedule != FwdSchedule::kDefault && p.schedule != FwdSchedule::kNoLpt) return run_fwd_ablation(p, stream);
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);

@@ -15,15 +15,23 @@ struct TileCoord {
 };
 
 struct SingleTileScheduler {
-  static dim3 grid(int num_m_blocks, int heads, int batch) { return dim3(num_m_blocks, heads, batch); }
-  CUTLASS_DEVICE static TileCoord tile(int /*num_m_blocks*/, int /*heads*/) {
+  static dim3 grid(int num_m_blocks, int heads, int batch, bool /*lpt*/ = true) {
+    return dim3(num_m_blocks, heads, batch);
+  }
+  CUTLASS_DEVICE static TileCoord tile(int /*num_m_blocks*/, int /*heads*/, bool /*lpt*/ = true) {
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   }
 };
 
 struct LptTileScheduler {
-  static dim3 grid(int num_m_blocks, int heads, int batch) { return dim3(heads * batch, num_m_blocks, 1); }
-  CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads) {
+  // lpt = false (FLASH3_FWD_SCHEDULE=12, for measuring the effect): the plain
+  // m_block-fastest order, which under a causal mask launches the shortest
+  // tiles first.
+  static dim3 grid(int num_m_blocks, int heads, int batch, bool lpt = true) {
+    return lpt ? dim3(heads * batch, num_m_blocks, 1) : dim3(num_m_blocks, heads, batch);
+  }
+  CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, bool lpt = true) {
+    if (!lpt) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
     const int hb = int(blockIdx.x);
     return {num_m_blocks - 1 - int(blockIdx.y), hb % heads, hb / heads};
   }

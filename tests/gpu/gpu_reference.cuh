@@ -1,4 +1,4 @@
-// fp32 GPU reference for the attention forward (tests only).
+// fp32 GPU reference for the attention forward and backward (tests only).
 //
 // Reads the same 16-bit strided (batch, seqlen, heads, head_dim) tensors flash3
 // reads and follows the semantics of src/reference/reference.h:
@@ -53,5 +53,62 @@ struct Args {
 // Enqueues the reference on `stream`. Returns cudaErrorInvalidValue for bad
 // arguments and the launch error otherwise (does not synchronise).
 cudaError_t forward(const Args& args, Mode mode, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------
+// Backward.
+//
+// Gradients of O = softmax(scale * Q K^T [softcapped] + mask) V with respect to
+// q, k and v, plus the path through LSE when dlse is given:
+//   dS_ij = P_ij (dP_ij - (D_i - dLSE_i)),  D_i = rowsum(dO_i * O_i),
+// same masking / GQA / scale semantics as forward() (and src/reference). Fully
+// masked rows (LSE = -inf) contribute nothing; keys no query sees get dk = dv = 0.
+// Everything is recomputed from q, k, v (the flash3 forward's out / lse are not
+// read), so the reference does not depend on what it checks.
+//
+// Algorithm (one (batch, kv head) at a time, a chunk of its query heads per launch),
+// with fp32 S/P/dS materialised in scratch, as a plain implementation does:
+//   S  = Q K^T * scale (masked -inf)        P  = softmax(S)        O = P V
+//   D  = rowsum(dO * O) - dlse              dP = dO V^T            dS = P * (dP - D)
+//   dQ = dS K * scale    dK = sum_h dS^T Q * scale    dV = sum_h P^T dO
+// Modes:
+//   kFloat32      : all fp32 (fp32 accumulation everywhere).
+//   kLowPrecision : a plain bf16/fp16 implementation: S, P, O, dP, dS, dQ rounded to
+//                   the input dtype after each fp32-accumulated product; D in fp32;
+//                   dK / dV summed over the query heads of a kv head in fp32 and then
+//                   rounded once.
+// Outputs are dense fp32: dq (b, sq, hq, d), dk (b, sk, hkv, d), dv (b, sk, hkv, dv);
+// optionally the recomputed out (b, sq, hq, dv) and lse (b, hq, sq).
+// ---------------------------------------------------------------------------
+struct BwdArgs {
+  DType dtype = DType::kBFloat16;
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
+  int head_dim = 0, head_dim_v = 0;  // each in [1, 256]
+  Strided16 q, k, v;
+  Strided16 dout;                // (b, sq, hq, dv)
+  const float* dlse = nullptr;   // (b, hq, sq) dense fp32; optional
+  float softmax_scale = 0.f;     // <= 0 or NaN: 1/sqrt(head_dim)
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  float* dq = nullptr;   // (b, sq, hq, d)  dense fp32, written
+  float* dk = nullptr;   // (b, sk, hkv, d) dense fp32, written
+  float* dv = nullptr;   // (b, sk, hkv, dv) dense fp32, written
+  float* out = nullptr;  // (b, sq, hq, dv) dense fp32, written; optional
+  float* lse = nullptr;  // (b, hq, sq) dense fp32, written; optional
+  // Device scratch of at least backward_scratch_bytes(args) bytes (a smaller one,
+  // but at least that of one query head, processes fewer heads per launch). If
+  // null, backward() allocates and frees it stream-ordered (cudaMallocAsync).
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+// Scratch the reference uses for `args` (<= ~1 GiB unless one query head alone
+// needs more: 8 * seqlen_q * seqlen_k bytes + small terms per head).
+size_t backward_scratch_bytes(const BwdArgs& args);
+
+// Enqueues the reference backward on `stream`. Returns cudaErrorInvalidValue for
+// bad arguments (or a too small scratch) and the launch error otherwise (does not
+// synchronise).
+cudaError_t backward(const BwdArgs& args, Mode mode, cudaStream_t stream);
 
 }  // namespace flash3::gpuref

@@ -129,4 +129,67 @@ TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {
   }
 }
 
+// Backward: KV block n visits query block m exactly when the forward's query
+// block m visits KV block n (the deterministic dQ order relies on this), every
+// visible pair is covered, and tiles the kernel runs without a mask are fully
+// visible (query rows past seqlen_q excepted: their LSE is +inf).
+void check_bwd(const MaskSpec& m, int tile_m, int tile_n) {
+  const int num_m = (m.seqlen_q + tile_m - 1) / tile_m;
+  const int num_n = (m.seqlen_k + tile_n - 1) / tile_n;
+  for (int n = 0; n < num_n; ++n) {
+    const flash3::MBlockRange r = flash3::bwd_m_block_range(m, n, tile_m, tile_n);
+    SCOPED_TRACE(testing::Message() << "sq=" << m.seqlen_q << " sk=" << m.seqlen_k << " wl=" << m.window_left
+                                    << " wr=" << m.window_right << " n_block=" << n << " -> [" << r.m_min << ","
+                                    << r.m_max << ")");
+    ASSERT_GE(r.m_min, 0);
+    ASSERT_LE(r.m_max, num_m);
+    for (int mb = 0; mb < num_m; ++mb) {
+      const NBlockRange f = flash3::fwd_n_block_range(m, mb, tile_m, tile_n);
+      const bool fwd_visits = !f.empty() && n >= f.n_min && n < f.n_max;
+      const bool bwd_visits = !r.empty() && mb >= r.m_min && mb < r.m_max;
+      EXPECT_EQ(fwd_visits, bwd_visits) << "m_block " << mb;
+      bool any_visible = false, all_visible = true;
+      for (int i = mb * tile_m; i < std::min((mb + 1) * tile_m, m.seqlen_q); ++i)
+        for (int j = n * tile_n; j < (n + 1) * tile_n; ++j) {
+          const bool v = visible(m, i, j);
+          any_visible |= v;
+          all_visible &= v;
+        }
+      if (any_visible) EXPECT_TRUE(bwd_visits) << "m_block " << mb << " has visible pairs but is skipped";
+      if (bwd_visits && !flash3::bwd_tile_needs_mask(m, mb, n, tile_m, tile_n))
+        EXPECT_TRUE(all_visible) << "m_block " << mb << " runs unmasked but has masked pairs";
+    }
+  }
+}
+
+TEST(BwdBlockRange, MatchesForwardAndCoversVisiblePairs) {
+  const int windows[][2] = {{-1, -1}, {-1, 0}, {128, 0}, {256, 256}, {0, 0}, {5, -1}, {-1, 37}};
+  std::mt19937 rng(11);
+  for (auto& w : windows) {
+    for (int t = 0; t < 40; ++t) {
+      MaskSpec m;
+      m.seqlen_q = rng() % 600;
+      m.seqlen_k = 1 + rng() % 600;
+      m.window_left = w[0];
+      m.window_right = w[1];
+      check_bwd(m, 64, 128);
+    }
+  }
+  MaskSpec causal{1024, 1024, -1, 0};
+  EXPECT_EQ(flash3::bwd_m_block_range(causal, 3, 64, 128).m_min, 6);  // keys 384.. seen from row 384
+  EXPECT_EQ(flash3::bwd_m_block_range(causal, 3, 64, 128).m_max, 16);
+}
+
+TEST(TileConfig, BackwardFitsSharedMemoryAndRegisters) {
+  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}};
+  for (auto& d : dims) {
+    const flash3::BwdTileConfig c = flash3::bwd_tile_config(d[0], d[1], false);
+    EXPECT_EQ(c.tile_n, 64 * c.num_mma_wg);
+    EXPECT_EQ(c.tile_m % 64, 0);
+    EXPECT_LE(flash3::bwd_smem_bytes(c, d[0], d[1], 2), 227 * 1024);
+    EXPECT_LE(c.producer_regs * 128 + c.consumer_regs * 128 * c.num_mma_wg, 65536);
+  }
+}
+
 }  // namespace
+

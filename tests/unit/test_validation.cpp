@@ -590,10 +590,23 @@ TEST_F(ValidationBackward, ValidArgumentsPassStructure) {
   }
 }
 
-TEST_F(ValidationBackward, BackwardNotSupportedYet) {
-  const BackwardArgs a = make_bwd();
-  EXPECT_EQ(flash3::backward(a, nullptr).code, StatusCode::kNotSupported);
-  EXPECT_EQ(flash3::backward_workspace_size(a), 0u);
+TEST_F(ValidationBackward, WorkspaceSizeSoftcapAndTooSmallWorkspace) {
+  BackwardArgs a = make_bwd();
+  // b=2, sq=128, hq=8, d=64 with 64-row query blocks: LSE_log2 and D (8 KB each),
+  // the fp32 dQ accumulator (512 KB) and the per-block counters (one 256-byte line).
+  const size_t ws = flash3::backward_workspace_size(a);
+  EXPECT_EQ(ws, 2 * 8192u + 524288u + 256u);
+  BackwardArgs no_q = a;
+  no_q.q = TensorView{};
+  EXPECT_EQ(flash3::backward_workspace_size(no_q), 0u);
+  if (!flash3::backward_is_built(DType::kBFloat16, 64, 64)) GTEST_SKIP() << "not built: backward bf16 64x64";
+  BackwardArgs capped = a;
+  capped.opts.softcap = 30.f;
+  EXPECT_TRUE(IsError(flash3::backward(capped, nullptr), StatusCode::kNotSupported, {"softcap"}));
+  BackwardArgs small = a;
+  small.workspace = a.q.data;  // any device-looking pointer: rejected before use
+  small.workspace_bytes = ws - 1;
+  EXPECT_TRUE(IsError(flash3::backward(small, nullptr), StatusCode::kInvalidArgument, {"workspace", "needed"}));
 }
 
 TEST_F(ValidationBackward, MissingDout) {

@@ -1,0 +1,199 @@
+// The backward kernels (seed 7.3-7.4, 8.4):
+//   flash_bwd_preprocess_kernel : D = rowsum(dO * O) - dLSE, LSE * log2(e), zero dQ accumulator
+//   flash_bwd_kernel            : warp-specialized five-GEMM loop, one CTA per KV block
+//       warpgroup 0, warp 0     : TMA producer (K, V once; Q + LSE, dO + D per query block)
+//       warpgroup 0, warp 1     : dQ store agent (bulk reduce-add into the fp32 accumulator)
+//       warpgroups 1..N         : consumers, 64 keys each
+//   flash_bwd_postprocess_kernel: dQ accumulator -> dQ * softmax_scale in the input dtype
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "bwd/epilogue.h"
+#include "bwd/kernel_traits.h"
+#include "bwd/mainloop.h"
+
+namespace flash3 {
+
+// Causal/local KV blocks have unequal trapezoids: block 0 sees the most query
+// blocks, so blocks are launched in ascending n_block order across all heads
+// (longest first). Unmasked blocks keep n_block fastest so that the CTAs of
+// one wave share a head's Q / dO in L2. Both orders put every KV block of a
+// head after the lower n_blocks of the same head, which the deterministic
+// mode's ordered dQ accumulation needs to be deadlock-free.
+struct BwdScheduler {
+  static dim3 grid(bool lpt, int num_n_blocks, int heads_kv, int batch) {
+    return lpt ? dim3(heads_kv * batch, num_n_blocks, 1) : dim3(num_n_blocks, heads_kv, batch);
+  }
+  CUTLASS_DEVICE static BwdTile tile(bool lpt, int heads_kv) {
+    if (lpt) return {int(blockIdx.y), int(blockIdx.x) % heads_kv, int(blockIdx.x) / heads_kv};
+    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  }
+};
+
+template <class Traits, bool kLpt>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    flash_bwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params) {
+  using SharedStorage = typename Traits::SharedStorage;
+  extern __shared__ char smem_buf[];
+  SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int warp_group_idx = cutlass::canonical_warp_group_idx();
+  const int lane = threadIdx.x % 32;
+
+  if (warp_idx == 0 && lane == 0) {
+    prefetch_tma_descriptor(params.tma_load_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_load_do.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_load_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
+    ss.barrier_k.init(1);
+    ss.barrier_v.init(1);
+  }
+  typename Traits::PipelineQ::Params pq;
+  pq.role = warp_group_idx == 0 ? Traits::PipelineQ::ThreadCategory::Producer
+                                : Traits::PipelineQ::ThreadCategory::Consumer;
+  pq.is_leader = threadIdx.x == 0;
+  pq.num_consumers = Traits::kNumMmaThreads;
+  pq.transaction_bytes = Traits::kTmaBytesQ;
+  typename Traits::PipelineQ pipeline_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+  typename Traits::PipelinedO::Params pdo;
+  pdo.role = warp_group_idx == 0 ? Traits::PipelinedO::ThreadCategory::Producer
+                                 : Traits::PipelinedO::ThreadCategory::Consumer;
+  pdo.is_leader = threadIdx.x == 0;
+  pdo.num_consumers = Traits::kNumMmaThreads;
+  pdo.transaction_bytes = Traits::kTmaBytesdO;
+  typename Traits::PipelinedO pipeline_do(ss.pipeline_do, pdo, Shape<_1, _1, _1>{});
+  __syncthreads();  // barrier initialisation visible to every thread
+
+  const BwdTile tile = BwdScheduler::tile(kLpt, params.heads_kv);
+  const MBlockRange range = bwd_m_block_range(params.mask, tile.n_block, Traits::kBlockM, Traits::kBlockN);
+
+  if (warp_group_idx == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (warp_idx == 0) {
+      if (lane == 0 && !range.empty()) BwdMainloop<Traits>::load(params, ss, pipeline_q, pipeline_do, tile, range);
+    } else if (warp_idx == 1) {
+      BwdMainloop<Traits>::store_dq(params, ss, tile, range);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    const int thread_idx = threadIdx.x - 128;
+    typename Traits::TiledMmadK mma_dk;
+    typename Traits::TiledMmadV mma_dv;
+    Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{});
+    Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{});
+    clear(tdKrdK);
+    clear(tdVrdV);
+    // Keys no query sees (empty range) get dK = dV = 0.
+    if (!range.empty()) {
+      BwdMainloop<Traits>::mma(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+    }
+    BwdEpilogue<Traits>::store(params, tile, tdKrdK, tdVrdV, thread_idx);
+  }
+}
+
+// ------------------------------------------------------------- preprocess
+struct BwdPrepParams {
+  const void* o;
+  const void* dout;
+  const float* lse;
+  const float* dlse;  // may be null
+  int64_t o_row_stride, o_head_stride, o_batch_stride;
+  int64_t do_row_stride, do_head_stride, do_batch_stride;
+  int64_t lse_head_stride, lse_batch_stride;
+  int64_t dlse_head_stride, dlse_batch_stride;
+  float* lse_log2;
+  float* dpsum;
+  float* dq_accum;
+  int* dq_sem;
+  int seqlen_q, heads_q, num_m_blocks, seqlen_q_pad, head_dim;
+};
+
+// One CTA per (query block, head, batch); 4 threads per row, 16-byte loads.
+template <class Element, int kHeadDimV, int kBlockM>
+__global__ void __launch_bounds__(kBlockM * 4) flash_bwd_preprocess_kernel(const BwdPrepParams p) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int row_in_block = threadIdx.x / 4, sub = threadIdx.x % 4;
+  const int row = m_block * kBlockM + row_in_block;
+  float d = 0.f;
+  if (row < p.seqlen_q) {
+    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                       row * p.o_row_stride;
+    const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
+                          head * p.do_head_stride + row * p.do_row_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = sub * 8; c < kHeadDimV; c += 32) {
+      cutlass::Array<Element, 8> a = *reinterpret_cast<const cutlass::Array<Element, 8>*>(o + c);
+      cutlass::Array<Element, 8> b = *reinterpret_cast<const cutlass::Array<Element, 8>*>(dout + c);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 8; ++i) d += float(a[i]) * float(b[i]);
+    }
+  }
+  d += __shfl_xor_sync(0xffffffff, d, 1);
+  d += __shfl_xor_sync(0xffffffff, d, 2);
+  const int64_t stats = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_pad + row;
+  if (sub == 0) {
+    float lse2 = INFINITY;  // padded rows: P = exp2(s - inf) = 0
+    if (row < p.seqlen_q) {
+      const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
+      // A fully masked row (LSE = -inf) has P = 0 everywhere: same treatment.
+      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      if (p.dlse != nullptr) d -= p.dlse[batch * p.dlse_batch_stride + head * p.dlse_head_stride + row];
+    }
+    p.lse_log2[stats] = lse2;
+    p.dpsum[stats] = d;
+  }
+  // Zero this block's dQ accumulator (the main kernel only ever adds into it).
+  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + rb * kBlockM * p.head_dim);
+  for (int i = threadIdx.x; i < kBlockM * p.head_dim / 4; i += blockDim.x) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (threadIdx.x == 0) p.dq_sem[rb] = 0;
+}
+
+// ------------------------------------------------------------ postprocess
+struct BwdPostParams {
+  const float* dq_accum;
+  void* dq;
+  int64_t dq_row_stride, dq_head_stride, dq_batch_stride;
+  int seqlen_q, heads_q, num_m_blocks;
+  float softmax_scale;
+};
+
+// One CTA per (query block, head, batch) with the consumer threads' layout:
+// thread t reads back exactly the fragment consumer thread t staged, and the
+// dQ tiled MMA's partition tells which (row, column) each value is.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_kernel(const BwdPostParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int thread_idx = threadIdx.x, wg = thread_idx / 128, t128 = thread_idx % 128;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr = mma_dq.get_thread_slice(thread_idx);
+  Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
+  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  const float* chunk = p.dq_accum + rb * kBlockM * Traits::kHeadDim + wg * Traits::kdQChunk;
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  CUTLASS_PRAGMA_UNROLL
+  for (int v = 0; v < size(c); v += 4) {
+    const float4 a = *reinterpret_cast<const float4*>(chunk + v * 128 + t128 * 4);
+    const float vals[4] = {a.x, a.y, a.z, a.w};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; i += 2) {  // fragment pairs (v, v + 1) are adjacent columns
+      const int row = m_block * kBlockM + get<0>(c(v + i));
+      const int col = get<1>(c(v + i));
+      if (row < p.seqlen_q) {
+        cutlass::Array<float, 2> f2;
+        f2[0] = vals[i] * p.softmax_scale;
+        f2[1] = vals[i + 1] * p.softmax_scale;
+        cutlass::NumericArrayConverter<Element, float, 2> cvt;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + row * p.dq_row_stride + col) = cvt(f2);
+      }
+    }
+  }
+}
+
+}  // namespace flash3

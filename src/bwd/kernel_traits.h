@@ -1,0 +1,164 @@
+// Compile-time description of one backward variant (seed chapters 7-8): tile
+// shapes, the five tiled WGMMAs, shared-memory layouts (with the transposed
+// views the dual-orientation operands need), TMA types, shared storage.
+//
+// GEMMs per iteration (consumer warpgroup w owns keys [64w, 64w + 64)):
+//   G1 S^T  = K Q^T      SS  A = sK (K-major)        B = sQ  (K-major)
+//   G2 dP^T = V dO^T     SS  A = sV (K-major)        B = sdO (K-major)
+//   G3 dV  += P^T dO     RS  A = P^T (registers)     B = sdO read MN-major
+//   G4 dQ   = dS K       SS  A = sdS (MN-major)      B = sK read MN-major (N split over warpgroups)
+//   G5 dK  += dS^T Q     RS  A = dS^T (registers)    B = sQ read MN-major
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/block_info.h"
+#include "config/tile_size.h"
+#include "fusion/mask.h"
+
+namespace flash3 {
+using namespace cute;
+
+template <int D, int DV, bool kCausalOrLocal>
+struct DefaultBwdConfig {
+  static constexpr BwdTileConfig value = bwd_tile_config(D, DV, kCausalOrLocal);
+};
+
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
+struct BwdTraits {
+  using Element = Element_;
+  using Mask = Mask_;
+  static constexpr BwdTileConfig kCfg = Cfg::value;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kCfg.tile_m;
+  static constexpr int kBlockN = kCfg.tile_n;
+  static constexpr int kStagesQ = kCfg.q_stages;
+  static constexpr int kStagesdO = kCfg.do_stages;
+  // Two dS buffers: with one PdS barrier per iteration a warpgroup can be at
+  // most one iteration ahead of the other, so it never overwrites the buffer
+  // the slower warpgroup's dQ GEMM is still reading.
+  static constexpr int kStagesdS = 2;
+  static constexpr int kNumMmaWG = kCfg.num_mma_wg;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
+  static constexpr int kNumThreads = kNumMmaThreads + 128;
+  static constexpr int kProducerRegs = kCfg.producer_regs;
+  static constexpr int kConsumerRegs = kCfg.consumer_regs;
+  // dQ = dS K: the head_dim columns are split over the consumer warpgroups.
+  static constexpr int kdQCols = kHeadDim / kNumMmaWG;
+  static constexpr int kdQChunk = kBlockM * kdQCols;  // fp32 values per warpgroup and query block
+
+  static_assert(kBlockN == 64 * kNumMmaWG, "tile_n must be 64 x the number of consumer warpgroups");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "tile_m must be 64 or 128");
+  static_assert(kHeadDim % (16 * kNumMmaWG) == 0 && kHeadDimV % 16 == 0, "unsupported head dims");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
+
+  using SplitM = Layout<Shape<Int<kNumMmaWG>, _1, _1>>;
+  using SplitN = Layout<Shape<_1, Int<kNumMmaWG>, _1>>;
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), SplitM{}));
+  using TiledMmadP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDimV>>>(), SplitM{}));
+  using TiledMmadV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      SplitM{}));
+  using TiledMmadK = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      SplitM{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdQCols>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      SplitN{}));
+
+  // Swizzle atoms. A buffer read in two orientations must use an atom both
+  // reads can decode (seed 8.2): sK is also read MN-major by G4 in per-warpgroup
+  // slices of kdQCols columns, so its atom is chosen from that width.
+  template <GMMA::Major M, int MN, int K>
+  using Atom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<M, Element, Int<MN>, Int<K>>());
+  using SmemLayoutQ = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kHeadDim>{},
+                                             Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesQ>>{}));
+  using SmemLayoutdO = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kHeadDimV>{},
+                                              Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStagesdO>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockN, kdQCols>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockN, kHeadDimV>{},
+                                             Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+  // dS is stored query-contiguous (MN-major for G4's A operand), which is also
+  // the direction in which each thread's accumulator pairs are adjacent.
+  using SmemLayoutdS = decltype(tile_to_shape(Atom<GMMA::Major::MN, kBlockM, kBlockN>{},
+                                              Shape<Int<kBlockM>, Int<kBlockN>, Int<kStagesdS>>{}));
+  // Transposed views: descriptor reinterpretations, no data movement.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(make_shape(Int<kHeadDim>{}, Int<kBlockM>{}, Int<kStagesQ>{}), Step<_2, _1, _3>{})));
+  using SmemLayoutdOt = decltype(composition(
+      SmemLayoutdO{}, make_ordered_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockM>{}, Int<kStagesdO>{}), Step<_2, _1, _3>{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}), Step<_2, _1>{})));
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_ordered_layout(make_shape(Int<kBlockN>{}, Int<kBlockM>{}, Int<kStagesdS>{}), Step<_2, _1, _3>{})));
+
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensorIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, take<0, 2>(SmemLayoutQ{}),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmadO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, take<0, 2>(SmemLayoutdO{}),
+                                       Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, SmemLayoutK{},
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, SmemLayoutV{},
+                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+
+  static constexpr uint32_t kBytesStats = kBlockM * sizeof(float);
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element) + kBytesStats;     // + LSE
+  static constexpr uint32_t kTmaBytesdO = kBlockM * kHeadDimV * sizeof(Element) + kBytesStats;  // + D
+  static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;
+  using PipelineStateQ = cutlass::PipelineState<kStagesQ>;
+  using PipelineStatedO = cutlass::PipelineState<kStagesdO>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> smem_do;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> smem_ds;
+    cute::array_aligned<float, kdQChunk * kNumMmaWG, 128> smem_dq;  // dQ staging, one chunk per warpgroup
+    cute::array_aligned<float, kBlockM * kStagesQ, 128> smem_lse;
+    cute::array_aligned<float, kBlockM * kStagesdO, 128> smem_dpsum;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_k;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_v;
+    typename PipelineQ::SharedStorage pipeline_q;
+    typename PipelinedO::SharedStorage pipeline_do;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
+
+  struct Params {
+    TmaQ tma_load_q;
+    TmadO tma_load_do;
+    TmaK tma_load_k;
+    TmaV tma_load_v;
+    ShapeQKV shape_q, shape_k, shape_v, shape_do;
+    const float* lse_log2;  // workspace, (b, hq, seqlen_q_pad)
+    const float* dpsum;
+    float* dq_accum;
+    int* dq_sem;
+    Element* dk;
+    Element* dv;
+    int64_t dk_row_stride, dk_head_stride, dk_batch_stride;
+    int64_t dv_row_stride, dv_head_stride, dv_batch_stride;
+    MaskSpec mask;
+    int heads_q, heads_kv, heads_per_kv, num_m_blocks, num_n_blocks, seqlen_q_pad;
+    float softmax_scale, softmax_scale_log2;
+    bool deterministic;
+  };
+};
+
+}  // namespace flash3

@@ -1,0 +1,292 @@
+// Backward mainloop (seed 7.4-7.6): the producer's TMA load loop, the dQ store
+// agent, and the consumers' five-GEMM loop over query blocks.
+//
+// One CTA owns one KV block of one KV head. It visits, for each query head
+// sharing that KV head (GQA: dK/dV accumulate in registers across them), the
+// query blocks of the block's trapezoid in ascending order. The three roles
+// walk the same (head, m_block) sequence.
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "bwd/kernel_traits.h"
+#include "common/block_info.h"
+#include "common/bulk_ops.h"
+#include "common/cute_utils.h"
+#include "common/named_barriers.h"
+
+namespace flash3 {
+
+struct BwdTile {
+  int n_block, head_kv, batch;
+};
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  using Mask = typename Traits::Mask;
+  using Params = typename Traits::Params;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  static constexpr int kNumMmaWG = Traits::kNumMmaWG;
+
+  CUTLASS_DEVICE static int q_head(Params const& p, BwdTile t, int g) { return t.head_kv * p.heads_per_kv + g; }
+  CUTLASS_DEVICE static int64_t row_block_index(Params const& p, BwdTile t, int head, int m_block) {
+    return (int64_t(t.batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  }
+
+  // ---------------------------------------------------------------- producer
+  // Lane 0 of warp 0. K and V once; then per (head, m_block) Q + LSE on one
+  // stage barrier and dO + D on another (transaction bytes counted together).
+  CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, typename Traits::PipelineQ& pipeline_q,
+                                  typename Traits::PipelinedO& pipeline_do, BwdTile tile, MBlockRange range) {
+    Tensor mK = params.tma_load_k.get_tma_tensor(params.shape_k)(_, _, tile.head_kv, tile.batch);
+    Tensor mV = params.tma_load_v.get_tma_tensor(params.shape_v)(_, _, tile.head_kv, tile.batch);
+    Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{}, make_coord(tile.n_block, _0{}));
+    Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(tile.n_block, _0{}));
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
+    auto [tKgK, tKsK] = tma_partition(params.tma_load_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_load_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
+
+    ss.barrier_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+    copy(params.tma_load_k.with(reinterpret_cast<BarrierT&>(ss.barrier_k), 0), tKgK, tKsK);
+
+    typename Traits::PipelineStateQ wq = cutlass::make_producer_start_state<typename Traits::PipelineQ>();
+    typename Traits::PipelineStatedO wdo = cutlass::make_producer_start_state<typename Traits::PipelinedO>();
+    bool v_loaded = false;
+    for (int g = 0; g < params.heads_per_kv; ++g) {
+      const int head = q_head(params, tile, g);
+      Tensor mQ = params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, head, tile.batch);
+      Tensor mdO = params.tma_load_do.get_tma_tensor(params.shape_do)(_, _, head, tile.batch);
+      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_load_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] =
+          tma_partition(params.tma_load_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const int64_t stats_row0 = (int64_t(tile.batch) * params.heads_q + head) * params.seqlen_q_pad;
+      for (int m_block = range.m_min; m_block < range.m_max; ++m_block) {
+        pipeline_q.producer_acquire(wq);
+        BarrierT* bq = pipeline_q.producer_get_barrier(wq);
+        copy(params.tma_load_q.with(*bq, 0), tQgQ(_, m_block), tQsQ(_, wq.index()));
+        SM90_BULK_COPY_G2S::copy(params.lse_log2 + stats_row0 + m_block * kBlockM, bq,
+                                 ss.smem_lse.data() + wq.index() * kBlockM, Traits::kBytesStats);
+        if (!v_loaded) {  // V after the first Q: G1 needs K and Q, G2 comes second
+          ss.barrier_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+          copy(params.tma_load_v.with(reinterpret_cast<BarrierT&>(ss.barrier_v), 0), tVgV, tVsV);
+          v_loaded = true;
+        }
+        pipeline_do.producer_acquire(wdo);
+        BarrierT* bdo = pipeline_do.producer_get_barrier(wdo);
+        copy(params.tma_load_do.with(*bdo, 0), tdOgdO(_, m_block), tdOsdO(_, wdo.index()));
+        SM90_BULK_COPY_G2S::copy(params.dpsum + stats_row0 + m_block * kBlockM, bdo,
+                                 ss.smem_dpsum.data() + wdo.index() * kBlockM, Traits::kBytesStats);
+        ++wq;
+        ++wdo;
+      }
+    }
+  }
+
+  // ------------------------------------------------------- dQ store agent
+  // Warp 1 (all lanes take part in the named barriers; lane 0 issues). Each
+  // consumer warpgroup's dQ chunk is added into dq_accum with one bulk
+  // reduce-add; no per-element atomics. Deterministic mode: the add for query
+  // block m waits until every KV block before this one (in the fixed ascending
+  // order) has added its contribution, tracked by a counter per query block.
+  CUTLASS_DEVICE static void store_dq(Params const& params, SharedStorage& ss, BwdTile tile, MBlockRange range) {
+    const int lane = threadIdx.x % 32;
+    if (range.empty()) return;
+    constexpr int kFull = 128 + 32;
+    for (int w = 0; w < kNumMmaWG; ++w) named_barrier_arrive(kFull, BwdBarrier::kdQEmptyWG0, w);
+    const int total = params.heads_per_kv * (range.m_max - range.m_min);
+    int it = 0;
+    for (int g = 0; g < params.heads_per_kv; ++g) {
+      const int head = q_head(params, tile, g);
+      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+        for (int w = 0; w < kNumMmaWG; ++w) named_barrier_sync(kFull, BwdBarrier::kdQFullWG0, w);
+        const int64_t rb = row_block_index(params, tile, head, m_block);
+        if (lane == 0) {
+          int* sem = params.dq_sem + rb;
+          if (params.deterministic) {
+            const int order = tile.n_block - fwd_n_block_range(params.mask, m_block, kBlockM, kBlockN).n_min;
+            while (ld_acquire_gpu(sem) != order) {
+            }
+          }
+          float* gdq = params.dq_accum + rb * (kBlockM * Traits::kHeadDim);
+          for (int w = 0; w < kNumMmaWG; ++w) {
+            bulk_reduce_add_f32(gdq + w * Traits::kdQChunk, ss.smem_dq.data() + w * Traits::kdQChunk,
+                                Traits::kdQChunk * int(sizeof(float)));
+          }
+          bulk_commit_group();
+          if (params.deterministic) {
+            bulk_wait_group<0>();  // the adds are complete in global memory before the release
+            red_release_gpu_add(sem, 1);
+          } else {
+            bulk_wait_group_read<0>();  // staging buffer read; the adds finish on their own
+          }
+        }
+        __syncwarp();
+        if (it + 1 < total) {
+          for (int w = 0; w < kNumMmaWG; ++w) named_barrier_arrive(kFull, BwdBarrier::kdQEmptyWG0, w);
+        }
+      }
+    }
+    if (lane == 0) bulk_wait_group<0>();
+  }
+
+  // ---------------------------------------------------------------- consumer
+  template <class TensordK, class TensordV>
+  CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, typename Traits::PipelineQ& pipeline_q,
+                                 typename Traits::PipelinedO& pipeline_do, BwdTile tile, MBlockRange range,
+                                 TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+    const int wg = thread_idx / 128;
+    typename Traits::TiledMmaS mma_s;
+    typename Traits::TiledMmadP mma_dp;
+    typename Traits::TiledMmadV mma_dv;
+    typename Traits::TiledMmadK mma_dk;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_s = mma_s.get_thread_slice(thread_idx);
+    auto thr_dp = mma_dp.get_thread_slice(thread_idx);
+    auto thr_dv = mma_dv.get_thread_slice(thread_idx);
+    auto thr_dk = mma_dk.get_thread_slice(thread_idx);
+    auto thr_dq = mma_dq.get_thread_slice(thread_idx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdOt{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
+
+    Tensor tSrK = thr_s.partition_fragment_A(sK);
+    Tensor tSrQ = thr_s.partition_fragment_B(sQ);
+    Tensor tdPrV = thr_dp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_dp.partition_fragment_B(sdO);
+    Tensor tdVrdO = thr_dv.partition_fragment_B(sdOt);
+    Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+    Tensor tdSsdS = thr_s.partition_C(sdSt);  // (MMA, MMA_M, MMA_N, stage): where this thread's dS^T goes
+
+    // (key, query) coordinates of this thread's S^T / dP^T accumulator entries.
+    Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{});
+    Tensor tScS = thr_s.partition_C(cS);
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
+    constexpr int kNCols = decltype(size<1>(tScS_rc))::value;  // query columns this thread holds
+    constexpr int kNRows = decltype(size<0>(tScS_rc))::value;
+
+    typename Traits::PipelineStateQ rq;
+    typename Traits::PipelineStatedO rdo;
+    float* sdq_chunk = ss.smem_dq.data() + wg * Traits::kdQChunk;
+    const int t128 = thread_idx % 128;
+
+    ss.barrier_k.wait(0);
+    int it = 0;
+    for (int g = 0; g < params.heads_per_kv; ++g) {
+      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+        // G1: S^T = K Q^T.
+        pipeline_q.consumer_wait(rq);
+        SFrag tSrS;
+        wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
+        float lse[kNCols];
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kNCols; ++c) lse[c] = ss.smem_lse[rq.index() * kBlockM + get<1>(tScS_rc(0, c))];
+        // G2: dP^T = V dO^T.
+        if (it == 0) ss.barrier_v.wait(0);
+        pipeline_do.consumer_wait(rdo);
+        dPFrag tdPrdP;
+        wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
+        float dpsum[kNCols];
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kNCols; ++c) dpsum[c] = ss.smem_dpsum[rdo.index() * kBlockM + get<1>(tScS_rc(0, c))];
+        warpgroup_wait<1>();  // S^T ready; dP^T may still run
+
+        // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) (seed 7.1.3: no row max needed).
+        Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+        if (bwd_tile_needs_mask(params.mask, m_block, tile.n_block, kBlockM, kBlockN)) {
+          mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, tile.n_block * kBlockN);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
+        }
+        Tensor rP = convert_fragment<Element>(tSrS);
+        Tensor tdVrP = make_tensor(rP.data(), acc_to_operand_a(rP.layout()));
+        // G3: dV += P^T dO (P^T straight from registers).
+        wgmma_gemm<false, -1>(mma_dv, tdVrP, tdVrdO(_, _, _, rdo.index()), tdVrdV);
+        warpgroup_wait<1>();  // dP^T ready; G3 may still run
+
+        // dS^T = P^T * (dP^T - D).
+        Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kNCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dpsum[c]);
+        }
+        Tensor rdS = convert_fragment<Element>(tdPrdP);
+        const int ds_stage = it % Traits::kStagesdS;
+        copy(rdS, tdSsdS(_, _, _, ds_stage));
+        // Generic-proxy stores must be visible to the WGMMA (async proxy) reads,
+        // and the other warpgroup's slice must be complete: fence, then barrier.
+        cutlass::arch::fence_view_async_shared();
+        named_barrier_sync(Traits::kNumMmaThreads, BwdBarrier::kPdS);
+
+        // G4: dQ = dS K (this warpgroup's head_dim slice). G5: dK += dS^T Q.
+        dQFrag tdQrdQ;
+        wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQrdQ);
+        Tensor tdKrdS = make_tensor(rdS.data(), acc_to_operand_a(rdS.layout()));
+        wgmma_gemm<false, -1>(mma_dk, tdKrdS, tdKrQ(_, _, _, rq.index()), tdKrdK);
+        warpgroup_wait<1>();  // G3 and G4 done: dO stage free, dQ ready
+        pipeline_do.consumer_release(rdo);
+
+        // Hand dQ to the store warp: fragment order, 16-byte stores, no bank conflicts.
+        named_barrier_sync(128 + 32, BwdBarrier::kdQEmptyWG0, wg);
+        static_assert(decltype(size(tdQrdQ))::value * 128 == Traits::kdQChunk);
+        static_assert(decltype(size(tdQrdQ))::value % 4 == 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < size(tdQrdQ); v += 4) {
+          *reinterpret_cast<float4*>(sdq_chunk + v * 128 + t128 * 4) =
+              make_float4(tdQrdQ(v), tdQrdQ(v + 1), tdQrdQ(v + 2), tdQrdQ(v + 3));
+        }
+        cutlass::arch::fence_view_async_shared();  // read next by the bulk copy (async proxy)
+        named_barrier_arrive(128 + 32, BwdBarrier::kdQFullWG0, wg);
+
+        warpgroup_wait<0>();  // G5 done: Q stage free
+        pipeline_q.consumer_release(rq);
+        ++rq;
+        ++rdo;
+      }
+    }
+  }
+
+  // S^T (keys x queries) -> -inf where the pair is invisible: keys past
+  // seqlen_k, and the causal / window bounds of the mask variant.
+  template <class TensorS, class TensorC>
+  CUTLASS_DEVICE static void mask_keys_queries(TensorS& s, TensorC const& c, MaskSpec const& m, int q0, int k0) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(s); ++r) {
+      const int key = k0 + get<0>(c(r, 0));
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < size<1>(s); ++j) {
+        const int q = q0 + get<1>(c(0, j));
+        bool invisible = key >= m.seqlen_k;
+        if constexpr (Mask::kHasRight) invisible |= m.has_right() && key > q + m.offset() + m.window_right;
+        if constexpr (Mask::kHasLeft) invisible |= m.has_left() && key < q + m.offset() - m.window_left;
+        if (invisible) s(r, j) = -INFINITY;
+      }
+    }
+  }
+};
+
+}  // namespace flash3

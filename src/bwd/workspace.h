@@ -1,0 +1,34 @@
+// Backward scratch memory (seed 7.3), one allocation carved into four arrays.
+// Rows are padded to whole query blocks so every per-block access (1-D bulk
+// copies of the statistics, the dQ reduce-add) is in bounds and aligned.
+//   lse_log2 (b, hq, sq_pad) fp32   LSE * log2(e); +inf on padded / fully masked rows
+//   dpsum    (b, hq, sq_pad) fp32   D = rowsum(dO * O) - dLSE
+//   dq_accum (b, hq, m_blocks, tile_m * d) fp32, per-block fragment order
+//   dq_sem   (b, hq, m_blocks) int32  deterministic-mode ordering counters
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace flash3 {
+
+struct BwdWorkspaceLayout {
+  int num_m_blocks = 0, seqlen_q_pad = 0;
+  size_t lse_offset = 0, dpsum_offset = 0, dq_accum_offset = 0, sem_offset = 0, bytes = 0;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+inline BwdWorkspaceLayout bwd_workspace_layout(int batch, int heads_q, int seqlen_q, int head_dim, int tile_m) {
+  BwdWorkspaceLayout w;
+  w.num_m_blocks = (seqlen_q + tile_m - 1) / tile_m;
+  w.seqlen_q_pad = w.num_m_blocks * tile_m;
+  const size_t rows = size_t(batch) * heads_q * w.seqlen_q_pad;
+  w.lse_offset = 0;
+  w.dpsum_offset = align256(rows * 4);
+  w.dq_accum_offset = w.dpsum_offset + align256(rows * 4);
+  w.sem_offset = w.dq_accum_offset + align256(rows * size_t(head_dim) * 4);
+  w.bytes = w.sem_offset + align256(size_t(batch) * heads_q * w.num_m_blocks * 4);
+  return w;
+}
+
+}  // namespace flash3

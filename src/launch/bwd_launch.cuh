@@ -1,0 +1,148 @@
+// Backward launch template: carves the workspace, then enqueues preprocess,
+// the main kernel (mask variant and block order chosen at run time) and
+// postprocess on one stream. Instantiated once per manifest row
+// (build/generated/bwd_*.cu).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "bwd/kernel.h"
+#include "bwd/workspace.h"
+#include "common/cuda_check.h"
+#include "common/params.h"
+
+namespace flash3 {
+
+template <class Traits, bool kLpt>
+Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  using namespace cute;
+  typename Traits::Params kp{};
+  char* ws = static_cast<char*>(p.workspace);
+  // Tensor maps need every extent >= 1; empty extents never reach a load.
+  const int sq = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  auto shape_q = make_shape(int32_t(sq), int32_t(p.head_dim), int32_t(p.heads_q), int32_t(p.batch));
+  auto shape_do = make_shape(int32_t(sq), int32_t(p.head_dim_v), int32_t(p.heads_q), int32_t(p.batch));
+  auto shape_k = make_shape(int32_t(p.seqlen_k), int32_t(p.head_dim), int32_t(p.heads_kv), int32_t(p.batch));
+  auto shape_v = make_shape(int32_t(p.seqlen_k), int32_t(p.head_dim_v), int32_t(p.heads_kv), int32_t(p.batch));
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)), shape_q,
+                          make_stride(p.q_row_stride, _1{}, p.q_head_stride, p.q_batch_stride));
+  Tensor mdO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout)), shape_do,
+                           make_stride(p.do_row_stride, _1{}, p.do_head_stride, p.do_batch_stride));
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), shape_k,
+                          make_stride(p.k_row_stride, _1{}, p.k_head_stride, p.k_batch_stride));
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), shape_v,
+                          make_stride(p.v_row_stride, _1{}, p.v_head_stride, p.v_batch_stride));
+  kp.tma_load_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                                Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_load_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename Traits::SmemLayoutdO{}),
+                                 Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{}, _1{});
+  kp.tma_load_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutK{},
+                                Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_load_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{},
+                                Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{});
+  kp.shape_q = shape_q;
+  kp.shape_do = shape_do;
+  kp.shape_k = shape_k;
+  kp.shape_v = shape_v;
+  kp.lse_log2 = reinterpret_cast<const float*>(ws + w.lse_offset);
+  kp.dpsum = reinterpret_cast<const float*>(ws + w.dpsum_offset);
+  kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum_offset);
+  kp.dq_sem = reinterpret_cast<int*>(ws + w.sem_offset);
+  kp.dk = static_cast<Element*>(p.dk);
+  kp.dv = static_cast<Element*>(p.dv);
+  kp.dk_row_stride = p.dk_row_stride;
+  kp.dk_head_stride = p.dk_head_stride;
+  kp.dk_batch_stride = p.dk_batch_stride;
+  kp.dv_row_stride = p.dv_row_stride;
+  kp.dv_head_stride = p.dv_head_stride;
+  kp.dv_batch_stride = p.dv_batch_stride;
+  kp.mask.seqlen_q = p.seqlen_q;
+  kp.mask.seqlen_k = p.seqlen_k;
+  kp.mask.window_left = p.is_local ? p.window_left : -1;
+  kp.mask.window_right = p.is_causal ? 0 : (p.is_local ? p.window_right : -1);
+  kp.heads_q = p.heads_q;
+  kp.heads_kv = p.heads_kv;
+  kp.heads_per_kv = p.heads_q / p.heads_kv;
+  kp.num_m_blocks = w.num_m_blocks;
+  kp.num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  kp.seqlen_q_pad = w.seqlen_q_pad;
+  kp.softmax_scale = p.softmax_scale;
+  kp.softmax_scale_log2 = p.softmax_scale_log2;
+  kp.deterministic = p.deterministic;
+
+  auto kernel = flash_bwd_kernel<Traits, kLpt>;
+  constexpr int smem = Traits::kSmemBytes;
+  FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid = BwdScheduler::grid(kLpt, kp.num_n_blocks, p.heads_kv, p.batch);
+  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
+  return check_last_launch("flash3 backward kernel launch");
+}
+
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal>
+Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
+  using Traits = BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal>, Mask>;
+  constexpr int kBlockM = Traits::kBlockM;
+  const BwdWorkspaceLayout w = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, kBlockM);
+  char* ws = static_cast<char*>(p.workspace);
+
+  if (w.num_m_blocks > 0) {
+    BwdPrepParams pp{};
+    pp.o = p.o;
+    pp.dout = p.dout;
+    pp.lse = p.lse_in;
+    pp.dlse = p.dlse;
+    pp.o_row_stride = p.o_row_stride;
+    pp.o_head_stride = p.o_head_stride;
+    pp.o_batch_stride = p.o_batch_stride;
+    pp.do_row_stride = p.do_row_stride;
+    pp.do_head_stride = p.do_head_stride;
+    pp.do_batch_stride = p.do_batch_stride;
+    pp.lse_head_stride = p.lse_head_stride;
+    pp.lse_batch_stride = p.lse_batch_stride;
+    pp.dlse_head_stride = p.dlse_head_stride;
+    pp.dlse_batch_stride = p.dlse_batch_stride;
+    pp.lse_log2 = reinterpret_cast<float*>(ws + w.lse_offset);
+    pp.dpsum = reinterpret_cast<float*>(ws + w.dpsum_offset);
+    pp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum_offset);
+    pp.dq_sem = reinterpret_cast<int*>(ws + w.sem_offset);
+    pp.seqlen_q = p.seqlen_q;
+    pp.heads_q = p.heads_q;
+    pp.num_m_blocks = w.num_m_blocks;
+    pp.seqlen_q_pad = w.seqlen_q_pad;
+    pp.head_dim = p.head_dim;
+    flash_bwd_preprocess_kernel<Element, kHeadDimV, kBlockM>
+        <<<dim3(w.num_m_blocks, p.heads_q, p.batch), kBlockM * 4, 0, stream>>>(pp);
+    FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward preprocess launch"));
+  }
+  if (p.seqlen_k > 0) {
+    FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, stream)));
+  }
+  if (w.num_m_blocks > 0) {
+    BwdPostParams pp{};
+    pp.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum_offset);
+    pp.dq = p.dq;
+    pp.dq_row_stride = p.dq_row_stride;
+    pp.dq_head_stride = p.dq_head_stride;
+    pp.dq_batch_stride = p.dq_batch_stride;
+    pp.seqlen_q = p.seqlen_q;
+    pp.heads_q = p.heads_q;
+    pp.num_m_blocks = w.num_m_blocks;
+    pp.softmax_scale = p.softmax_scale;
+    flash_bwd_postprocess_kernel<Traits>
+        <<<dim3(w.num_m_blocks, p.heads_q, p.batch), Traits::kNumMmaThreads, 0, stream>>>(pp);
+    FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward postprocess launch"));
+  }
+  return Status::Ok();
+}
+
+// Mask variant: causal/local blocks are unequal (LPT block order), unmasked
+// blocks keep n_block fastest for L2 reuse.
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_bwd(const BwdParams& p, cudaStream_t stream) {
+  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true>(p, stream);
+  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true>(p, stream);
+  return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, false>(p, stream);
+}
+
+}  // namespace flash3

@@ -1,0 +1,1327 @@
+// GPU correctness tests of flash3::backward.
+//
+// Each case: fresh random q, k, v, dout (and dlse when asked for), flash3::forward
+// for out and lse (which the backward consumes), dq / dk / dv poisoned with NaN,
+// flash3::backward, then dq, dk and dv compared with the fp32 GPU reference
+// backward (gpu_reference.cuh, which recomputes everything from q, k, v) under the
+// FlashAttention tolerance rule (flash3::ref::check_close):
+//     max|ours - ref_fp32| <= 2 * max|plain_lowp - ref_fp32| + eps,  no NaN,
+// where plain_lowp is the GPU emulation of a plain bf16/fp16 implementation on the
+// same inputs and eps = 1e-5 * max(1, max|ref_fp32|) (per gradient tensor).
+// Also: gradients of fully masked query rows (dq) and of keys no query sees
+// (dk, dv) are exactly 0, and nothing is written outside the dq / dk / dv views.
+// The fp32 GPU reference backward itself is checked against the float64 CPU
+// reference (src/reference) on small shapes.
+//
+// Every test first skips without a Hopper GPU, and a case whose (dtype, head_dim,
+// head_dim_v) forward or backward kernel is not built skips with "not built: ...".
+// FLASH3_GPU_TESTS_QUICK=1 leaves out the (4096, 4096) matrix cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+#include "gpu_reference.cuh"
+#include "gpu_test_util.h"
+#include "reference/reference.h"
+
+namespace flash3 {
+// Internal linkage: only for this file's parameter printing.
+static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace flash3
+
+namespace {
+
+using flash3::DType;
+using flash3::TensorView;
+namespace tu = flash3::testutil;
+
+constexpr double kEpsGradRel = 1e-5;          // eps = kEpsGradRel * max(1, max|ref|)
+constexpr int64_t kGuard = 256;               // poisoned elements after every output tensor
+constexpr uint16_t kPoison16 = 0xffff;        // NaN in bf16 and fp16
+constexpr int kDeterministicRuns = 5;
+
+// ---------------------------------------------------------------------------
+// Case description.
+// ---------------------------------------------------------------------------
+enum class Mask { kNone, kCausal, kWindow128_0, kWindow256_256 };
+enum class Layout { kContiguous, kPackedQKV, kPadded };
+
+struct HeadDims {
+  int d, dv;
+};
+struct Seqlens {
+  int sq, sk;
+};
+struct Heads {
+  int hq, hkv;
+};
+
+const char* mask_name(Mask m) {
+  switch (m) {
+    case Mask::kNone: return "nomask";
+    case Mask::kCausal: return "causal";
+    case Mask::kWindow128_0: return "window128x0";
+    case Mask::kWindow256_256: return "window256x256";
+  }
+  return "?";
+}
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kPackedQKV: return "packed_qkv";
+    case Layout::kPadded: return "padded";
+  }
+  return "?";
+}
+std::string heads_name(Heads h) {
+  const char* kind = h.hq == h.hkv ? "mha" : (h.hkv == 1 ? "mqa" : "gqa");
+  return std::string(kind) + std::to_string(h.hq) + "x" + std::to_string(h.hkv);
+}
+
+void PrintTo(Mask m, std::ostream* os) { *os << mask_name(m); }
+void PrintTo(const HeadDims& h, std::ostream* os) { *os << "d=" << h.d << " dv=" << h.dv; }
+void PrintTo(const Seqlens& s, std::ostream* os) { *os << "sq=" << s.sq << " sk=" << s.sk; }
+void PrintTo(const Heads& h, std::ostream* os) { *os << heads_name(h); }
+
+struct Case {
+  DType dtype = DType::kBFloat16;
+  int d = 128, dv = 128;
+  int sq = 128, sk = 128;
+  int hq = 2, hkv = 2;
+  int batch = 1;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  float softcap = 0.f;                        // reference-only tests
+  Layout layout = Layout::kContiguous;        // q, k, v (and out / dout geometry)
+  Layout grad_layout = Layout::kContiguous;   // dq, dk, dv
+  bool with_dlse = false;
+  bool deterministic = false;
+  uint64_t seed = 1;
+  std::string name;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
+       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
+       << ")";
+    if (softcap > 0.f) os << " softcap=" << softcap;
+    os << " layout=" << layout_name(layout) << " grad_layout=" << layout_name(grad_layout)
+       << " dlse=" << with_dlse << " deterministic=" << deterministic << " seed=" << seed << "]";
+    return os.str();
+  }
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void apply_mask(Case* c, Mask m) {
+  c->causal = m == Mask::kCausal;
+  c->wl = c->wr = -1;
+  if (m == Mask::kWindow128_0) c->wl = 128, c->wr = 0;
+  if (m == Mask::kWindow256_256) c->wl = 256, c->wr = 256;
+}
+
+// ---------------------------------------------------------------------------
+// Memory layout of the (b, s, h, d) tensors, in elements.
+// ---------------------------------------------------------------------------
+struct View {
+  int64_t offset = 0;  // of element (0, 0, 0, 0) in its allocation
+  int64_t sb = 0, sr = 0, sh = 0;
+  int64_t b = 0, s = 0, h = 0, d = 0;
+  int64_t span() const {  // elements touched, counted from the allocation start
+    if (b == 0 || s == 0 || h == 0 || d == 0) return offset;
+    return offset + (b - 1) * sb + (s - 1) * sr + (h - 1) * sh + d;
+  }
+  int64_t at(int64_t ib, int64_t is, int64_t ih, int64_t ic) const {
+    return offset + ib * sb + is * sr + ih * sh + ic;
+  }
+  int64_t numel() const { return b * s * h * d; }
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+View dense_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
+  View v;
+  v.offset = offset;
+  v.b = b, v.s = s, v.h = h, v.d = d;
+  v.sh = d;
+  v.sr = h * d;
+  v.sb = std::max<int64_t>(s, 1) * v.sr;
+  return v;
+}
+
+// Padding between heads, rows and batches (multiples of 8 elements: 16 bytes).
+View padded_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
+  View v;
+  v.offset = offset;
+  v.b = b, v.s = s, v.h = h, v.d = d;
+  v.sh = d + 8;
+  v.sr = h * v.sh + 16;
+  v.sb = std::max<int64_t>(s, 1) * v.sr + 64;
+  return v;
+}
+
+// q, k, v (or dq, dk, dv) in one allocation of `elems` elements.
+struct QKV {
+  View q, k, v;
+  int64_t elems = 0;
+};
+
+bool packable(const Case& c) { return c.hq == c.hkv && c.d == c.dv && c.sq == c.sk; }
+
+QKV make_qkv(const Case& c, Layout layout) {
+  QKV r;
+  if (layout == Layout::kPackedQKV) {
+    // Slices of one (b, s, 3, h, d) tensor: row stride 3*h*d.
+    const int64_t h = c.hq, d = c.d, s = c.sq;
+    for (View* v : {&r.q, &r.k, &r.v}) {
+      v->b = c.batch, v->s = s, v->h = h, v->d = d;
+      v->sh = d;
+      v->sr = 3 * h * d;
+      v->sb = std::max<int64_t>(s, 1) * v->sr;
+    }
+    r.q.offset = 0;
+    r.k.offset = h * d;
+    r.v.offset = 2 * h * d;
+    r.elems = std::max<int64_t>(c.batch * std::max<int64_t>(s, 1) * 3 * h * d, 8);
+  } else {
+    auto mk = layout == Layout::kPadded ? padded_view : dense_view;
+    int64_t off = 0;
+    r.q = mk(off, c.batch, c.sq, c.hq, c.d);
+    off = round_up(std::max(r.q.span(), off + 1), 128);
+    r.k = mk(off, c.batch, c.sk, c.hkv, c.d);
+    off = round_up(std::max(r.k.span(), off + 1), 128);
+    r.v = mk(off, c.batch, c.sk, c.hkv, c.dv);
+    r.elems = round_up(std::max(r.v.span(), off + 1), 128);
+  }
+  return r;
+}
+
+struct Plan {
+  QKV in;             // q, k, v
+  QKV grad;           // dq, dk, dv
+  View o;             // out (its own allocation, + kGuard) and dout (its own allocation)
+  int64_t out_elems = 0, dout_elems = 0, grad_elems = 0;
+};
+
+Plan make_plan(const Case& c) {
+  Plan p;
+  p.in = make_qkv(c, c.layout);
+  p.grad = make_qkv(c, c.grad_layout);
+  p.o = c.layout == Layout::kPadded ? padded_view(0, c.batch, c.sq, c.hq, c.dv) : dense_view(0, c.batch, c.sq, c.hq, c.dv);
+  p.out_elems = p.o.span() + kGuard;
+  p.dout_elems = std::max<int64_t>(p.o.span(), 8);
+  p.grad_elems = p.grad.elems + kGuard;
+  return p;
+}
+
+// Dense (b, s, h, d) doubles from a strided 16-bit host buffer.
+std::vector<double> extract(const std::vector<uint16_t>& buf, const View& v, DType dt) {
+  std::vector<double> out(size_t(v.numel()));
+  const int64_t rows = v.b * v.s * v.h;
+  tu::parallel_for(size_t(rows), [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      const int64_t ih = int64_t(r) % v.h, is = (int64_t(r) / v.h) % v.s, ib = int64_t(r) / (v.h * v.s);
+      const uint16_t* src = buf.data() + v.at(ib, is, ih, 0);
+      double* dst = out.data() + r * v.d;
+      for (int64_t c = 0; c < v.d; ++c) dst[c] = tu::half_bits_to_float(dt, src[c]);
+    }
+  });
+  return out;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  tu::parallel_for(x.size(), [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) out[i] = x[i];
+  });
+  return out;
+}
+
+// Elements of a 16-bit allocation outside all `views` that are not the poison value.
+int64_t count_clobbered(const std::vector<uint16_t>& buf, std::initializer_list<const View*> views) {
+  std::vector<uint8_t> inside(buf.size(), 0);
+  for (const View* v : views)
+    for (int64_t ib = 0; ib < v->b; ++ib)
+      for (int64_t is = 0; is < v->s; ++is)
+        for (int64_t ih = 0; ih < v->h; ++ih) std::memset(&inside[size_t(v->at(ib, is, ih, 0))], 1, size_t(v->d));
+  int64_t n = 0;
+  for (size_t i = 0; i < buf.size(); ++i) n += (!inside[i] && buf[i] != kPoison16);
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Masks: visible key range [lo, hi) of query i (bottom-right aligned).
+// ---------------------------------------------------------------------------
+void key_range(const Case& c, int i, int* lo, int* hi) {
+  const int wl = c.wl, wr = c.causal ? 0 : c.wr;
+  const int64_t diag = int64_t(i) + c.sk - c.sq;
+  int64_t l = 0, h = c.sk;
+  if (wl >= 0) l = std::max<int64_t>(l, diag - wl);
+  if (wr >= 0) h = std::min<int64_t>(h, diag + wr + 1);
+  *lo = int(std::min<int64_t>(l, c.sk));
+  *hi = int(std::max<int64_t>(std::min<int64_t>(h, c.sk), *lo));
+}
+
+// empty_rows[i]: query i sees no key. unseen_keys[j]: no query sees key j.
+void mask_coverage(const Case& c, std::vector<char>* empty_rows, std::vector<char>* unseen_keys) {
+  empty_rows->assign(size_t(c.sq), 0);
+  std::vector<int64_t> cover(size_t(c.sk) + 1, 0);
+  for (int i = 0; i < c.sq; ++i) {
+    int lo, hi;
+    key_range(c, i, &lo, &hi);
+    if (hi <= lo) {
+      (*empty_rows)[size_t(i)] = 1;
+      continue;
+    }
+    ++cover[size_t(lo)];
+    --cover[size_t(hi)];
+  }
+  unseen_keys->assign(size_t(c.sk), 0);
+  int64_t run = 0;
+  for (int j = 0; j < c.sk; ++j) {
+    run += cover[size_t(j)];
+    (*unseen_keys)[size_t(j)] = run == 0;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Device state shared by all tests of the process (buffers only grow).
+// ---------------------------------------------------------------------------
+struct DeviceState {
+  cudaStream_t stream = nullptr;
+  tu::DeviceBuffer in, out, lse, dout, dlse, grad, grad2, scratch;
+  tu::DeviceBuffer ref_dq, ref_dk, ref_dv, low_dq, low_dk, low_dv;
+};
+
+DeviceState& dev() {
+  static DeviceState* s = [] {
+    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
+    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
+    return st;
+  }();
+  return *s;
+}
+
+struct Buffers {
+  Plan plan;
+  std::vector<uint16_t> host_in, host_dout;
+  std::vector<float> host_dlse;
+};
+
+size_t n_lse(const Case& c) { return size_t(c.batch) * c.hq * c.sq; }
+size_t n_dq(const Case& c) { return size_t(c.batch) * c.sq * c.hq * c.d; }
+size_t n_dk(const Case& c) { return size_t(c.batch) * c.sk * c.hkv * c.d; }
+size_t n_dv(const Case& c) { return size_t(c.batch) * c.sk * c.hkv * c.dv; }
+
+::testing::AssertionResult cuda_ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << cudaGetErrorName(e) << " (" << cudaGetErrorString(e) << ")";
+}
+
+// Allocates, fills q/k/v, dout (and dlse) with fresh random normals seeded by the
+// case, and copies them up.
+::testing::AssertionResult upload_inputs(const Case& c, Buffers* b) {
+  if (c.grad_layout == Layout::kPackedQKV || c.layout == Layout::kPackedQKV) {
+    if (!packable(c)) return ::testing::AssertionFailure() << "packed q/k/v needs hq == hkv, d == dv, sq == sk";
+  }
+  b->plan = make_plan(c);
+  const Plan& p = b->plan;
+  DeviceState& d = dev();
+  b->host_in.assign(size_t(p.in.elems), 0);
+  tu::fill_normal(b->host_in.data(), b->host_in.size(), c.dtype, c.seed);
+  b->host_dout.assign(size_t(p.dout_elems), 0);
+  tu::fill_normal(b->host_dout.data(), b->host_dout.size(), c.dtype, c.seed ^ 0xd0d0d0d0ull);
+  b->host_dlse.assign(c.with_dlse ? std::max<size_t>(n_lse(c), 1) : 0, 0.f);
+  if (c.with_dlse) {
+    std::vector<uint16_t> tmp(b->host_dlse.size());
+    tu::fill_normal(tmp.data(), tmp.size(), DType::kBFloat16, c.seed ^ 0x15e15e15ull);
+    for (size_t i = 0; i < tmp.size(); ++i) b->host_dlse[i] = tu::bf16_to_float(tmp[i]);
+  }
+  const size_t lse_bytes = (n_lse(c) + kGuard) * 4;
+  const size_t grad_bytes = size_t(p.grad_elems) * 2;
+  for (auto [buf, bytes] :
+       {std::pair{&d.in, size_t(p.in.elems) * 2}, std::pair{&d.out, size_t(p.out_elems) * 2},
+        std::pair{&d.dout, size_t(p.dout_elems) * 2}, std::pair{&d.lse, lse_bytes}, std::pair{&d.dlse, lse_bytes},
+        std::pair{&d.grad, grad_bytes}, std::pair{&d.grad2, grad_bytes},
+        std::pair{&d.ref_dq, std::max<size_t>(n_dq(c), 1) * 4}, std::pair{&d.low_dq, std::max<size_t>(n_dq(c), 1) * 4},
+        std::pair{&d.ref_dk, std::max<size_t>(n_dk(c), 1) * 4}, std::pair{&d.low_dk, std::max<size_t>(n_dk(c), 1) * 4},
+        std::pair{&d.ref_dv, std::max<size_t>(n_dv(c), 1) * 4}, std::pair{&d.low_dv, std::max<size_t>(n_dv(c), 1) * 4}}) {
+    const cudaError_t e = buf->reserve(bytes);
+    if (e != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
+  }
+  cudaError_t e = cudaMemcpyAsync(d.in.ptr, b->host_in.data(), b->host_in.size() * 2, cudaMemcpyHostToDevice, d.stream);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(d.dout.ptr, b->host_dout.data(), b->host_dout.size() * 2, cudaMemcpyHostToDevice, d.stream);
+  if (e == cudaSuccess && c.with_dlse)
+    e = cudaMemcpyAsync(d.dlse.ptr, b->host_dlse.data(), b->host_dlse.size() * 4, cudaMemcpyHostToDevice, d.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << "upload: " << cudaGetErrorString(e);
+  return ::testing::AssertionSuccess();
+}
+
+uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
+
+TensorView view4(const Case& c, void* base, const View& v) {
+  return TensorView::make4d(elem16(base, v.offset), c.dtype, v.b, v.s, v.h, v.d, v.sb, v.sr, v.sh, 1);
+}
+TensorView lse_view(const Case& c, void* base) {
+  const int64_t sq1 = std::max<int64_t>(c.sq, 1);
+  return TensorView::make3d(base, DType::kFloat32, c.batch, c.hq, c.sq, c.hq * sq1, sq1, 1);
+}
+
+void set_opts(const Case& c, flash3::AttentionOptions* o) {
+  o->causal = c.causal;
+  o->window_left = c.wl;
+  o->window_right = c.wr;
+  o->softcap = c.softcap;
+  o->deterministic = c.deterministic;
+}
+
+flash3::ForwardArgs make_fwd_args(const Case& c, const Plan& p) {
+  DeviceState& d = dev();
+  flash3::ForwardArgs a;
+  a.q = view4(c, d.in.ptr, p.in.q);
+  a.k = view4(c, d.in.ptr, p.in.k);
+  a.v = view4(c, d.in.ptr, p.in.v);
+  a.out = view4(c, d.out.ptr, p.o);
+  a.lse = lse_view(c, d.lse.ptr);
+  set_opts(c, &a.opts);
+  return a;
+}
+
+flash3::BackwardArgs make_bwd_args(const Case& c, const Plan& p, void* grad) {
+  DeviceState& d = dev();
+  flash3::BackwardArgs a;
+  a.q = view4(c, d.in.ptr, p.in.q);
+  a.k = view4(c, d.in.ptr, p.in.k);
+  a.v = view4(c, d.in.ptr, p.in.v);
+  a.out = view4(c, d.out.ptr, p.o);
+  a.dout = view4(c, d.dout.ptr, p.o);
+  a.lse = lse_view(c, d.lse.ptr);
+  if (c.with_dlse) a.dlse = lse_view(c, d.dlse.ptr);
+  a.dq = view4(c, grad, p.grad.q);
+  a.dk = view4(c, grad, p.grad.k);
+  a.dv = view4(c, grad, p.grad.v);
+  set_opts(c, &a.opts);
+  return a;
+}
+
+// Poisons out/lse and runs flash3::forward (out and lse are the backward's inputs).
+flash3::Status run_forward(const Case& c, const Plan& p) {
+  DeviceState& d = dev();
+  cudaMemsetAsync(d.out.ptr, 0xff, size_t(p.out_elems) * 2, d.stream);
+  cudaMemsetAsync(d.lse.ptr, 0xff, (n_lse(c) + kGuard) * 4, d.stream);
+  return flash3::forward(make_fwd_args(c, p), d.stream);
+}
+
+// Poisons the gradient allocation `grad` and runs flash3::backward into it.
+flash3::Status run_backward(const Case& c, const Plan& p, void* grad, void* workspace = nullptr,
+                            size_t workspace_bytes = 0) {
+  DeviceState& d = dev();
+  cudaMemsetAsync(grad, 0xff, size_t(p.grad_elems) * 2, d.stream);
+  flash3::BackwardArgs a = make_bwd_args(c, p, grad);
+  a.workspace = workspace;
+  a.workspace_bytes = workspace_bytes;
+  return flash3::backward(a, d.stream);
+}
+
+flash3::gpuref::BwdArgs make_ref_args(const Case& c, const Plan& p, float* dq, float* dk, float* dv) {
+  DeviceState& d = dev();
+  flash3::gpuref::BwdArgs r;
+  r.dtype = c.dtype;
+  r.batch = c.batch;
+  r.seqlen_q = c.sq;
+  r.seqlen_k = c.sk;
+  r.heads_q = c.hq;
+  r.heads_kv = c.hkv;
+  r.head_dim = c.d;
+  r.head_dim_v = c.dv;
+  auto s16 = [&](const void* base, const View& v) {
+    flash3::gpuref::Strided16 t;
+    t.data = static_cast<const uint16_t*>(base) + v.offset;
+    t.batch_stride = v.sb;
+    t.row_stride = v.sr;
+    t.head_stride = v.sh;
+    return t;
+  };
+  r.q = s16(d.in.ptr, p.in.q);
+  r.k = s16(d.in.ptr, p.in.k);
+  r.v = s16(d.in.ptr, p.in.v);
+  r.dout = s16(d.dout.ptr, p.o);
+  r.dlse = c.with_dlse ? d.dlse.as<float>() : nullptr;
+  r.causal = c.causal;
+  r.window_left = c.wl;
+  r.window_right = c.wr;
+  r.softcap = c.softcap;
+  r.dq = dq;
+  r.dk = dk;
+  r.dv = dv;
+  return r;
+}
+
+// Runs both reference modes into ref_* (fp32) and low_* (emulation).
+::testing::AssertionResult run_references(const Case& c, const Plan& p) {
+  DeviceState& d = dev();
+  auto ra = make_ref_args(c, p, d.ref_dq.as<float>(), d.ref_dk.as<float>(), d.ref_dv.as<float>());
+  auto la = make_ref_args(c, p, d.low_dq.as<float>(), d.low_dk.as<float>(), d.low_dv.as<float>());
+  const size_t scratch = flash3::gpuref::backward_scratch_bytes(ra);
+  if (scratch > 0) {
+    auto ok = cuda_ok(d.scratch.reserve(scratch), "reference scratch");
+    if (!ok) return ok;
+  }
+  ra.scratch = la.scratch = d.scratch.ptr;
+  ra.scratch_bytes = la.scratch_bytes = d.scratch.bytes;
+  auto ok = cuda_ok(flash3::gpuref::backward(ra, flash3::gpuref::Mode::kFloat32, d.stream), "gpuref::backward fp32");
+  if (!ok) return ok;
+  return cuda_ok(flash3::gpuref::backward(la, flash3::gpuref::Mode::kLowPrecision, d.stream),
+                 "gpuref::backward low precision");
+}
+
+std::vector<float> fetch_f32(const tu::DeviceBuffer& b, size_t n) {
+  std::vector<float> h(n);
+  if (n > 0) cudaMemcpy(h.data(), b.ptr, n * 4, cudaMemcpyDeviceToHost);
+  return h;
+}
+std::vector<uint16_t> fetch_grad(const Plan& p, const void* grad) {
+  std::vector<uint16_t> h(size_t(p.grad_elems));
+  cudaMemcpy(h.data(), grad, h.size() * 2, cudaMemcpyDeviceToHost);
+  return h;
+}
+
+// Comparison of one output with the tolerance rule, with a readable report.
+struct Verdict {
+  bool ok = false;
+  std::string text;
+  flash3::ref::CloseResult r;
+};
+
+template <class Where>
+Verdict judge(const char* what, const std::vector<double>& ours, const std::vector<double>& ref,
+              const std::vector<double>& low, double eps, Where where) {
+  Verdict v;
+  v.r = flash3::ref::check_close(ours.data(), ref.data(), low.data(), ours.size(), eps);
+  v.ok = v.r.ok;
+  std::ostringstream os;
+  os.precision(6);
+  os << what << ": err=" << v.r.err << " baseline=" << v.r.base_err << " bound=" << v.r.bound << " (2*baseline+"
+     << eps << ") nan=" << v.r.nan_count << " n=" << ours.size();
+  size_t worst = ours.size();
+  double worst_e = -1;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    double e;
+    if (std::isnan(ours[i])) e = std::numeric_limits<double>::infinity();
+    else if (std::isinf(ref[i])) e = ours[i] == ref[i] ? 0.0 : std::numeric_limits<double>::infinity();
+    else e = std::fabs(ours[i] - ref[i]);
+    if (e > worst_e) worst_e = e, worst = i;
+  }
+  if (worst < ours.size())
+    os << "; worst at " << where(worst) << ": ours=" << ours[worst] << " ref=" << ref[worst] << " lowp=" << low[worst];
+  v.text = os.str();
+  return v;
+}
+
+// Dense (b, s, h, x) index -> text.
+std::string where_bshx(size_t i, int64_t s, int64_t h, int64_t x) {
+  std::ostringstream os;
+  os << "(b=" << int64_t(i) / (x * h * s) << ", s=" << (int64_t(i) / (x * h)) % s << ", h=" << (int64_t(i) / x) % h
+     << ", c=" << int64_t(i) % x << ")";
+  return os.str();
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double y : x)
+    if (std::isfinite(y)) m = std::max(m, std::fabs(y));
+  return m;
+}
+
+// Number of elements of rows (b, s, h, :) with skip_row[s] set that are not exactly 0.
+int64_t nonzero_in_rows(const std::vector<double>& x, const std::vector<char>& rows, int64_t b, int64_t s, int64_t h,
+                        int64_t w, int64_t* first) {
+  int64_t n = 0;
+  *first = -1;
+  for (int64_t ib = 0; ib < b; ++ib)
+    for (int64_t is = 0; is < s; ++is) {
+      if (!rows[size_t(is)]) continue;
+      for (int64_t ih = 0; ih < h; ++ih)
+        for (int64_t c = 0; c < w; ++c) {
+          const int64_t i = ((ib * s + is) * h + ih) * w + c;
+          if (!(x[size_t(i)] == 0.0)) {  // NaN counts
+            if (*first < 0) *first = i;
+            ++n;
+          }
+        }
+    }
+  return n;
+}
+
+// Compares the flash3 gradients (host copy of the gradient allocation) with the
+// references (run_references() must have been enqueued), plus masked-row zeros and
+// clobbering.
+void check_gradients(const Case& c, const Plan& p, const std::vector<uint16_t>& h_grad) {
+  DeviceState& d = dev();
+  ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(d.stream), "sync"));
+  const int64_t clobbered = count_clobbered(h_grad, {&p.grad.q, &p.grad.k, &p.grad.v});
+  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
+                          << " elements of the gradient allocation outside the dq / dk / dv views";
+  std::vector<char> empty_rows, unseen_keys;
+  mask_coverage(c, &empty_rows, &unseen_keys);
+
+  struct G {
+    const char* name;
+    const View* view;
+    const tu::DeviceBuffer* ref;
+    const tu::DeviceBuffer* low;
+    int64_t s, h, w;
+    const std::vector<char>* zero_rows;
+  };
+  const G gs[] = {{"dQ", &p.grad.q, &d.ref_dq, &d.low_dq, c.sq, c.hq, c.d, &empty_rows},
+                  {"dK", &p.grad.k, &d.ref_dk, &d.low_dk, c.sk, c.hkv, c.d, &unseen_keys},
+                  {"dV", &p.grad.v, &d.ref_dv, &d.low_dv, c.sk, c.hkv, c.dv, &unseen_keys}};
+  for (const G& g : gs) {
+    const size_t n = size_t(c.batch) * g.s * g.h * g.w;
+    if (n == 0) continue;
+    const std::vector<double> ours = extract(h_grad, *g.view, c.dtype);
+    const std::vector<double> ref = to_double(fetch_f32(*g.ref, n));
+    const std::vector<double> low = to_double(fetch_f32(*g.low, n));
+    const double eps = kEpsGradRel * std::max(1.0, max_abs(ref));
+    const Verdict v = judge(g.name, ours, ref, low, eps, [&](size_t i) { return where_bshx(i, g.s, g.h, g.w); });
+    const std::string lower = g.name[1] == 'Q' ? "dq" : (g.name[1] == 'K' ? "dk" : "dv");
+    ::testing::Test::RecordProperty(lower + "_err", std::to_string(v.r.err));
+    ::testing::Test::RecordProperty(lower + "_baseline", std::to_string(v.r.base_err));
+    EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
+    int64_t first = -1;
+    const int64_t nz = nonzero_in_rows(ours, *g.zero_rows, c.batch, g.s, g.h, g.w, &first);
+    EXPECT_EQ(nz, 0) << c.describe() << ": " << g.name << " has " << nz << " non-zero (or NaN) elements in "
+                     << (g.name[1] == 'Q' ? "fully masked query rows" : "keys no query sees") << "; first at "
+                     << where_bshx(size_t(std::max<int64_t>(first, 0)), g.s, g.h, g.w)
+                     << " = " << (first >= 0 ? ours[size_t(first)] : 0.0);
+  }
+}
+
+// Full check of one case: flash3 forward + backward vs the fp32 GPU reference.
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& d = dev();
+  const Plan& p = b.plan;
+  const flash3::Status fs = run_forward(c, p);
+  ASSERT_TRUE(fs.ok()) << c.describe() << ": flash3::forward failed: " << fs.message;
+  const flash3::Status bs = run_backward(c, p, d.grad.ptr);
+  ASSERT_TRUE(bs.ok()) << c.describe() << ": flash3::backward failed: " << bs.message;
+  ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(d.stream), "flash3 forward + backward"));
+  ASSERT_TRUE(cuda_ok(cudaGetLastError(), "flash3 forward + backward"));
+  ASSERT_TRUE(run_references(c, p));
+  check_gradients(c, p, fetch_grad(p, d.grad.ptr));
+}
+
+bool kernels_built(DType dt, int d, int dv) {
+  return flash3::forward_is_built(dt, d, dv) && flash3::backward_is_built(dt, d, dv);
+}
+
+// First built (forward and backward) variant, preferring d = 128.
+bool pick_built(DType* dt, int* d, int* dv, DType prefer = DType::kBFloat16) {
+  const HeadDims prefs[] = {{128, 128}, {64, 64}, {256, 256}, {96, 96}, {192, 192}, {192, 128}};
+  const DType other = prefer == DType::kBFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  for (DType t : {prefer, other})
+    for (const HeadDims& h : prefs)
+      if (kernels_built(t, h.d, h.dv)) {
+        *dt = t, *d = h.d, *dv = h.dv;
+        return true;
+      }
+  return false;
+}
+
+#define FLASH3_SKIP_UNLESS_BWD_BUILT(c)                                                                       \
+  do {                                                                                                        \
+    if (!flash3::backward_is_built((c).dtype, (c).d, (c).dv))                                                \
+      GTEST_SKIP() << "not built: backward kernel " << tu::short_dtype((c).dtype) << " " << (c).d << "x"    \
+                   << (c).dv << " is not in this build (FLASH3_PASSES / FLASH3_DTYPES / FLASH3_HDIMS)";      \
+    if (!flash3::forward_is_built((c).dtype, (c).d, (c).dv))                                                 \
+      GTEST_SKIP() << "not built: forward kernel " << tu::short_dtype((c).dtype) << " " << (c).d << "x"     \
+                   << (c).dv << " (needed for out / lse) is not in this build";                              \
+  } while (0)
+
+// ===========================================================================
+// The matrix (the forward issue's).
+// ===========================================================================
+using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
+
+Case matrix_case(const MatrixParam& mp) {
+  Case c;
+  const auto& [dtype, hd, mask, sl, heads, batch] = mp;
+  c.dtype = dtype;
+  c.d = hd.d, c.dv = hd.dv;
+  apply_mask(&c, mask);
+  c.sq = sl.sq, c.sk = sl.sk;
+  c.hq = heads.hq, c.hkv = heads.hkv;
+  c.batch = batch;
+  // Strides as in the forward matrix: q/k/v and dq/dk/dv as slices of packed
+  // (b, s, 3, h, d) buffers where that layout exists, padded strides for the other
+  // batch-3 cases.
+  if (packable(c)) c.layout = Layout::kPackedQKV;
+  else if (c.batch == 3) c.layout = Layout::kPadded;
+  else c.layout = Layout::kContiguous;
+  c.grad_layout = c.layout;
+  std::ostringstream os;
+  os << "bwd_" << tu::short_dtype(dtype) << "_d" << hd.d << "x" << hd.dv << "_" << mask_name(mask) << "_sq" << sl.sq
+     << "_sk" << sl.sk << "_" << heads_name(heads) << "_b" << batch;
+  c.name = os.str();
+  c.seed = fnv1a(c.name);
+  return c;
+}
+
+bool quick_mode() {
+  const char* q = std::getenv("FLASH3_GPU_TESTS_QUICK");
+  return q != nullptr && std::string(q) == "1";
+}
+
+class BwdMatrix : public ::testing::TestWithParam<MatrixParam> {};
+
+TEST_P(BwdMatrix, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const Case c = matrix_case(GetParam());
+  FLASH3_SKIP_UNLESS_BWD_BUILT(c);
+  if (quick_mode() && c.sq == 4096) GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4096 left out";
+  check_case(c);
+}
+
+std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
+  return matrix_case(info.param).name.substr(4);  // without "bwd_" (the suite says it)
+}
+
+// 2 dtypes x 6 head dims x 4 masks x 7 seqlen pairs x 3 head configs x 2 batches = 2016
+// cases; those whose kernels are not built skip. The largest (d=256, b=3, hq=8, 4096^2,
+// no mask) is ~2.5 TFLOP of reference work (6 GEMMs of 2*4096^2*256 per head, two modes):
+// well under a second on an H200.
+INSTANTIATE_TEST_SUITE_P(
+    Bwd, BwdMatrix,
+    ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                       ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
+                                         HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
+                       ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
+                       ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
+                                         Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),
+                       ::testing::Values(Heads{2, 2}, Heads{8, 2}, Heads{4, 1}), ::testing::Values(1, 3)),
+    matrix_name);
+
+// ===========================================================================
+// Gradient through LSE.
+// ===========================================================================
+TEST(BwdGpu, DlseGradient) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  struct S {
+    DType dt;
+    int b, sq, sk, hq, hkv;
+    Mask m;
+    int wl, wr;  // used when m == kNone and wl >= 0
+  };
+  const S shapes[] = {
+      {DType::kBFloat16, 2, 1000, 1000, 8, 2, Mask::kCausal, -1, -1},
+      {DType::kFloat16, 1, 300, 128, 4, 1, Mask::kNone, 32, 0},      // rows 0..171 fully masked (bottom-right)
+      {DType::kBFloat16, 3, 113, 1023, 2, 2, Mask::kNone, -1, -1},
+      {DType::kFloat16, 1, 1023, 113, 8, 2, Mask::kCausal, -1, -1},  // fully masked rows, GQA
+  };
+  int ran = 0;
+  for (const S& s : shapes) {
+    DType dt;
+    int d, dv;
+    if (!pick_built(&dt, &d, &dv, s.dt)) break;
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    if (s.m == Mask::kNone && s.wl >= 0) c.wl = s.wl, c.wr = s.wr;
+    c.with_dlse = true;
+    c.layout = c.grad_layout = Layout::kPadded;
+    c.name = "dlse_b" + std::to_string(s.b) + "_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" +
+             heads_name({s.hq, s.hkv});
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    ++ran;
+    if (HasFatalFailure()) return;
+  }
+  if (ran == 0) GTEST_SKIP() << "not built: no forward + backward kernel pair in this build";
+}
+
+// ===========================================================================
+// Deterministic mode: bitwise identical dq / dk / dv over 5 runs (causal GQA 4:1,
+// seqlen 4096), and the result passes the tolerance rule.
+// ===========================================================================
+TEST(BwdGpu, DeterministicBitwise) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv, DType::kBFloat16)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  struct S {
+    int b, sq, sk, hq, hkv;
+    Mask m;
+  };
+  const S shapes[] = {{2, 4096, 4096, 8, 2, Mask::kCausal},  // the case
+                      {1, 1000, 1000, 4, 1, Mask::kNone},    // MQA
+                      {3, 113, 1023, 8, 2, Mask::kWindow256_256}};
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    c.deterministic = true;
+    c.name = "deterministic_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" + heads_name({s.hq, s.hkv});
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const Plan& p = b.plan;
+    const flash3::Status fs = run_forward(c, p);
+    ASSERT_TRUE(fs.ok()) << fs.message;
+    std::vector<uint16_t> first;
+    for (int run = 0; run < kDeterministicRuns; ++run) {
+      const flash3::Status st = run_backward(c, p, ds.grad.ptr);
+      ASSERT_TRUE(st.ok()) << "run " << run << ": " << st.message;
+      ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+      std::vector<uint16_t> h = fetch_grad(p, ds.grad.ptr);
+      if (run == 0) {
+        first = std::move(h);
+        continue;
+      }
+      if (std::memcmp(first.data(), h.data(), h.size() * 2) != 0) {
+        int64_t diff = 0, at = -1;
+        for (size_t i = 0; i < h.size(); ++i)
+          if (h[i] != first[i]) {
+            if (at < 0) at = int64_t(i);
+            ++diff;
+          }
+        const char* which = "guard";
+        if (at >= p.grad.q.offset && at < p.grad.q.span()) which = "dq";
+        if (at >= p.grad.k.offset && at < p.grad.k.span()) which = "dk";
+        if (at >= p.grad.v.offset && at < p.grad.v.span()) which = "dv";
+        ADD_FAILURE() << c.describe() << ": deterministic run " << run << " differs from run 0 in " << diff
+                      << " gradient elements (first at allocation index " << at << ", in " << which
+                      << " for the non-packed layout)";
+      }
+    }
+    ASSERT_TRUE(run_references(c, p));
+    check_gradients(c, p, first);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// Empty sequences.
+// ===========================================================================
+TEST(BwdGpu, EmptySeqlenKGivesZeroDq) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  for (Mask m : {Mask::kNone, Mask::kCausal}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 70, c.sk = 0, c.hq = 4, c.hkv = 2;
+    apply_mask(&c, m);
+    c.layout = c.grad_layout = Layout::kPadded;
+    c.name = std::string("bwd_empty_k_") + mask_name(m);
+    c.seed = 7;
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const flash3::Status fs = run_forward(c, b.plan);
+    ASSERT_TRUE(fs.ok()) << "forward, seqlen_k = 0: " << fs.message;
+    const flash3::Status st = run_backward(c, b.plan, ds.grad.ptr);
+    ASSERT_TRUE(st.ok()) << "backward, seqlen_k = 0: " << st.message;
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+    ASSERT_TRUE(cuda_ok(cudaGetLastError(), "backward"));
+    const std::vector<uint16_t> h = fetch_grad(b.plan, ds.grad.ptr);
+    const std::vector<double> dq = extract(h, b.plan.grad.q, c.dtype);
+    int64_t bad = 0;
+    for (double x : dq) bad += !(x == 0.0);
+    EXPECT_EQ(bad, 0) << "seqlen_k = 0: " << bad << " of " << dq.size() << " dq elements are not 0";
+    EXPECT_EQ(count_clobbered(h, {&b.plan.grad.q, &b.plan.grad.k, &b.plan.grad.v}), 0);
+  }
+}
+
+TEST(BwdGpu, EmptySeqlenQGivesZeroDkDv) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  for (Heads h : {Heads{2, 2}, Heads{8, 2}}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 0, c.sk = 64, c.hq = h.hq, c.hkv = h.hkv;
+    c.layout = c.grad_layout = Layout::kPadded;
+    c.name = "bwd_empty_q_" + heads_name(h);
+    c.seed = 8;
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const flash3::Status fs = run_forward(c, b.plan);
+    ASSERT_TRUE(fs.ok()) << "forward, seqlen_q = 0: " << fs.message;
+    const flash3::Status st = run_backward(c, b.plan, ds.grad.ptr);
+    ASSERT_TRUE(st.ok()) << "backward, seqlen_q = 0: " << st.message;
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+    ASSERT_TRUE(cuda_ok(cudaGetLastError(), "backward"));
+    const std::vector<uint16_t> hg = fetch_grad(b.plan, ds.grad.ptr);
+    for (const View* v : {&b.plan.grad.k, &b.plan.grad.v}) {
+      const std::vector<double> g = extract(hg, *v, c.dtype);
+      int64_t bad = 0;
+      for (double x : g) bad += !(x == 0.0);
+      EXPECT_EQ(bad, 0) << "seqlen_q = 0: " << bad << " of " << g.size() << (v == &b.plan.grad.k ? " dk" : " dv")
+                        << " elements are not 0 (no query sees any key: the gradients are 0)";
+    }
+    EXPECT_EQ(count_clobbered(hg, {&b.plan.grad.q, &b.plan.grad.k, &b.plan.grad.v}), 0);
+  }
+  // batch = 0: nothing to do, still Ok.
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 0, c.sq = 16, c.sk = 16, c.hq = 2, c.hkv = 2;
+  c.name = "bwd_empty_batch";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  const flash3::Status st = run_backward(c, b.plan, dev().grad.ptr);
+  EXPECT_TRUE(st.ok()) << "batch = 0: " << st.message;
+  ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(dev().stream), "backward"));
+}
+
+// ===========================================================================
+// Caller-provided workspace of exactly backward_workspace_size() bytes.
+// ===========================================================================
+TEST(BwdGpu, CallerWorkspace) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  constexpr size_t kWsGuard = 4096;
+  constexpr uint8_t kWsPoison = 0xa5;
+  for (bool det : {true, false}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 8, c.hkv = 2;
+    c.causal = true;
+    c.deterministic = det;
+    c.name = std::string("workspace_") + (det ? "deterministic" : "default");
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const Plan& p = b.plan;
+    const flash3::Status fs = run_forward(c, p);
+    ASSERT_TRUE(fs.ok()) << fs.message;
+
+    const size_t ws_bytes = flash3::backward_workspace_size(make_bwd_args(c, p, ds.grad.ptr));
+    ::testing::Test::RecordProperty(std::string("workspace_bytes_") + (det ? "det" : "default"), std::to_string(ws_bytes));
+    tu::DeviceBuffer ws;
+    ASSERT_TRUE(cuda_ok(ws.reserve(ws_bytes + kWsGuard), "workspace"));
+    // Garbage in the workspace: flash3 must initialise what it needs.
+    ASSERT_TRUE(cuda_ok(cudaMemset(ws.ptr, kWsPoison, ws_bytes + kWsGuard), "workspace poison"));
+
+    // Internal allocation.
+    const flash3::Status s1 = run_backward(c, p, ds.grad.ptr);
+    ASSERT_TRUE(s1.ok()) << "internal workspace: " << s1.message;
+    // Caller's workspace (twice: the second run sees what the first left in it).
+    const flash3::Status s2 = run_backward(c, p, ds.grad2.ptr, ws.ptr, ws_bytes);
+    ASSERT_TRUE(s2.ok()) << "caller workspace of " << ws_bytes << " bytes: " << s2.message;
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+    const std::vector<uint16_t> g1 = fetch_grad(p, ds.grad.ptr), g2 = fetch_grad(p, ds.grad2.ptr);
+    const flash3::Status s3 = run_backward(c, p, ds.grad2.ptr, ws.ptr, ws_bytes);
+    ASSERT_TRUE(s3.ok()) << "caller workspace, second run: " << s3.message;
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+    const std::vector<uint16_t> g3 = fetch_grad(p, ds.grad2.ptr);
+
+    std::vector<uint8_t> guard(kWsGuard);
+    ASSERT_TRUE(cuda_ok(cudaMemcpy(guard.data(), ws.as<char>() + ws_bytes, kWsGuard, cudaMemcpyDeviceToHost), "guard"));
+    int64_t guard_bad = 0;
+    for (uint8_t x : guard) guard_bad += x != kWsPoison;
+    EXPECT_EQ(guard_bad, 0) << c.describe() << ": flash3 wrote " << guard_bad << " bytes past the end of a "
+                            << ws_bytes << "-byte workspace (backward_workspace_size())";
+    if (det) {
+      EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * 2), 0)
+          << c.describe() << ": caller workspace and internal allocation give different gradients";
+      EXPECT_EQ(std::memcmp(g2.data(), g3.data(), g2.size() * 2), 0)
+          << c.describe() << ": a second run in the same caller workspace gives different gradients";
+    }
+    ASSERT_TRUE(run_references(c, p));
+    check_gradients(c, p, g2);          // caller workspace, first run
+    check_gradients(c, p, g3);          // caller workspace, second run
+    if (!det) check_gradients(c, p, g1);  // internal allocation
+
+    // Too small a workspace is an error, not an overrun.
+    if (ws_bytes > 0) {
+      flash3::BackwardArgs a = make_bwd_args(c, p, ds.grad2.ptr);
+      a.workspace = ws.ptr;
+      a.workspace_bytes = ws_bytes - 1;
+      const flash3::Status st = flash3::backward(a, ds.stream);
+      EXPECT_FALSE(st.ok()) << c.describe() << ": a workspace of " << ws_bytes - 1 << " bytes (< "
+                            << ws_bytes << " = backward_workspace_size()) was accepted";
+      EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess);
+    }
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// Gradient layouts: dq / dk / dv written into a packed dqkv buffer, and strides
+// that differ from those of q / k / v.
+// ===========================================================================
+TEST(BwdGpu, PackedAndStridedGradients) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  struct S {
+    int b, sq, sk, hq, hkv;
+    Mask m;
+    Layout in, grad;
+  };
+  const bool square = d == dv;
+  const S shapes[] = {
+      {2, 1000, 1000, 4, 4, Mask::kCausal, Layout::kPackedQKV, Layout::kPackedQKV},   // packed qkv -> packed dqkv
+      {1, 777, 777, 2, 2, Mask::kNone, Layout::kContiguous, Layout::kPackedQKV},     // separate q/k/v -> packed dqkv
+      {2, 513, 513, 4, 4, Mask::kWindow128_0, Layout::kPackedQKV, Layout::kPadded},   // packed qkv -> padded grads
+      {3, 300, 700, 8, 2, Mask::kWindow256_256, Layout::kContiguous, Layout::kPadded},
+      {2, 700, 300, 4, 1, Mask::kCausal, Layout::kPadded, Layout::kContiguous},
+  };
+  for (const S& s : shapes) {
+    if (!square && (s.in == Layout::kPackedQKV || s.grad == Layout::kPackedQKV)) continue;  // packed needs d == dv
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    c.layout = s.in;
+    c.grad_layout = s.grad;
+    c.name = std::string("layout_") + layout_name(s.in) + "_to_" + layout_name(s.grad) + "_sq" + std::to_string(s.sq) +
+             "_sk" + std::to_string(s.sk);
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// Extra shapes outside the matrix: decode-like, odd lengths, other head counts.
+// ===========================================================================
+TEST(BwdGpu, ExtraShapes) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
+  struct S {
+    int b, sq, sk, hq, hkv;
+    Mask m;
+  };
+  const S shapes[] = {{2, 1, 4096, 8, 1, Mask::kNone},   {1, 7, 3000, 16, 2, Mask::kCausal},
+                      {4, 63, 65, 4, 4, Mask::kCausal},  {1, 257, 4095, 2, 1, Mask::kWindow256_256},
+                      {2, 4096, 1, 2, 2, Mask::kCausal}, {1, 129, 127, 6, 3, Mask::kWindow128_0},
+                      {1, 2048, 2048, 16, 1, Mask::kCausal}};
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv;
+    c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    apply_mask(&c, s.m);
+    c.layout = c.grad_layout = Layout::kPadded;
+    c.name = "bwd_extra_b" + std::to_string(s.b) + "_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" +
+             heads_name({s.hq, s.hkv}) + "_" + mask_name(s.m);
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// The GPU reference backward itself, against the float64 CPU reference, and its
+// low-precision mode against a CPU emulation of the same plain implementation.
+// ===========================================================================
+
+// CPU emulation of the plain bf16/fp16 backward (the GPU kLowPrecision mode's
+// contract), accumulating in double. Dense layouts as in src/reference.
+void cpu_backward_lowp(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
+                       const std::vector<double>& v, const std::vector<double>& dout, const float* dlse,
+                       std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  const auto tp = c.dtype == DType::kBFloat16 ? flash3::ref::LowPrecision::kBFloat16 : flash3::ref::LowPrecision::kFloat16;
+  auto rt = [tp](double x) { return flash3::ref::round_to(tp, x); };
+  const int sq = c.sq, sk = c.sk, hq = c.hq, hkv = c.hkv, d = c.d, dvd = c.dv, group = hq / hkv;
+  const float scale = 1.f / std::sqrt(float(d));
+  const float cap = c.softcap;
+  dq->assign(n_dq(c), 0.0);
+  dk->assign(n_dk(c), 0.0);
+  dv->assign(n_dv(c), 0.0);
+  auto qrow = [&](int b, int h, int i) { return &q[((size_t(b) * sq + i) * hq + h) * d]; };
+  auto krow = [&](int b, int h, int j) { return &k[((size_t(b) * sk + j) * hkv + h) * d]; };
+  auto vrow = [&](int b, int h, int j) { return &v[((size_t(b) * sk + j) * hkv + h) * dvd]; };
+  auto orow = [&](int b, int h, int i) { return &dout[((size_t(b) * sq + i) * hq + h) * dvd]; };
+  std::vector<double> S(size_t(sq) * sk), P(size_t(sq) * sk), O(size_t(sq) * dvd), D(static_cast<size_t>(sq));
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < hq; ++h) {
+      const int kh = h / group;
+      for (int i = 0; i < sq; ++i) {
+        int lo, hi;
+        key_range(c, i, &lo, &hi);
+        for (int j = 0; j < sk; ++j) {
+          double& s = S[size_t(i) * sk + j];
+          if (j < lo || j >= hi) {
+            s = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          double acc = 0;
+          for (int x = 0; x < d; ++x) acc += qrow(b, h, i)[x] * krow(b, kh, j)[x];
+          s = rt(float(acc) * scale);
+          if (cap > 0) s = rt(cap * std::tanh(float(s) / cap));
+        }
+        double m = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j < sk; ++j) m = std::max(m, S[size_t(i) * sk + j]);
+        double l = 0;
+        if (std::isfinite(m))
+          for (int j = 0; j < sk; ++j)
+            if (std::isfinite(S[size_t(i) * sk + j])) l += std::exp(S[size_t(i) * sk + j] - m);
+        for (int j = 0; j < sk; ++j) {
+          const double s = S[size_t(i) * sk + j];
+          P[size_t(i) * sk + j] = (!std::isfinite(m) || !std::isfinite(s)) ? 0.0 : rt(std::exp(s - m) / l);
+        }
+        double dsum = 0;
+        for (int x = 0; x < dvd; ++x) {
+          double acc = 0;
+          for (int j = 0; j < sk; ++j) acc += P[size_t(i) * sk + j] * vrow(b, kh, j)[x];
+          O[size_t(i) * dvd + x] = rt(acc);
+          dsum += orow(b, h, i)[x] * O[size_t(i) * dvd + x];
+        }
+        D[size_t(i)] = dsum - (dlse ? double(dlse[(size_t(b) * hq + h) * sq + i]) : 0.0);
+        // dS over S.
+        for (int j = 0; j < sk; ++j) {
+          double& s = S[size_t(i) * sk + j];
+          if (!std::isfinite(s)) {
+            s = 0;
+            continue;
+          }
+          double dp = 0;
+          for (int x = 0; x < dvd; ++x) dp += orow(b, h, i)[x] * vrow(b, kh, j)[x];
+          dp = rt(dp);
+          double ds = P[size_t(i) * sk + j] * (dp - D[size_t(i)]);
+          if (cap > 0) ds *= 1.0 - (s / cap) * (s / cap);
+          s = rt(ds);
+        }
+        double* dqi = &(*dq)[((size_t(b) * sq + i) * hq + h) * d];
+        for (int x = 0; x < d; ++x) {
+          double acc = 0;
+          for (int j = 0; j < sk; ++j) acc += S[size_t(i) * sk + j] * krow(b, kh, j)[x];
+          dqi[x] = rt(acc * scale);
+        }
+      }
+      for (int j = 0; j < sk; ++j) {
+        double* dkj = &(*dk)[((size_t(b) * sk + j) * hkv + kh) * d];
+        double* dvj = &(*dv)[((size_t(b) * sk + j) * hkv + kh) * dvd];
+        for (int i = 0; i < sq; ++i) {
+          const double ds = S[size_t(i) * sk + j], pij = P[size_t(i) * sk + j];
+          for (int x = 0; x < d; ++x) dkj[x] += ds * qrow(b, h, i)[x] * scale;
+          for (int x = 0; x < dvd; ++x) dvj[x] += pij * orow(b, h, i)[x];
+        }
+      }
+    }
+  for (double& x : *dk) x = rt(x);
+  for (double& x : *dv) x = rt(x);
+}
+
+TEST(GpuReference, BackwardMatchesCpuFloat64) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  struct S {
+    DType dt;
+    int b, sq, sk, hq, hkv, d, dv;
+    bool causal;
+    int wl, wr;
+    Layout layout;
+    bool dlse;
+    float softcap;
+  };
+  const S shapes[] = {
+      {DType::kBFloat16, 2, 37, 53, 4, 2, 64, 64, true, -1, -1, Layout::kPadded, false, 0.f},      // causal, GQA
+      {DType::kFloat16, 1, 65, 65, 2, 2, 128, 128, false, 16, 8, Layout::kPackedQKV, true, 0.f},   // window, dlse
+      {DType::kBFloat16, 2, 100, 30, 6, 1, 192, 128, false, 32, 0, Layout::kContiguous, true, 0.f},  // masked rows
+      {DType::kFloat16, 1, 1, 300, 3, 3, 256, 256, false, -1, -1, Layout::kContiguous, false, 0.f},  // one query
+      {DType::kBFloat16, 1, 70, 70, 2, 2, 96, 96, true, -1, -1, Layout::kPackedQKV, false, 5.f},     // softcap
+      {DType::kFloat16, 3, 129, 129, 8, 2, 40, 24, false, 64, 64, Layout::kPadded, false, 0.f},      // odd dims
+      {DType::kBFloat16, 1, 200, 1, 4, 1, 64, 64, true, -1, -1, Layout::kContiguous, true, 0.f},     // one key
+  };
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = s.dt, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv, c.d = s.d, c.dv = s.dv;
+    c.causal = s.causal, c.wl = s.wl, c.wr = s.wr;
+    c.layout = c.grad_layout = s.layout;
+    c.with_dlse = s.dlse;
+    c.softcap = s.softcap;
+    c.name = "bwdref_" + std::string(tu::short_dtype(s.dt)) + "_b" + std::to_string(s.b) + "_sq" +
+             std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_d" + std::to_string(s.d) + "x" +
+             std::to_string(s.dv);
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const Plan& p = b.plan;
+    ASSERT_TRUE(run_references(c, p));
+    // Also the recomputed forward (out / lse outputs) and a one-head-per-chunk scratch.
+    const size_t no = size_t(c.batch) * c.sq * c.hq * c.dv, nl = n_lse(c);
+    tu::DeviceBuffer g_out, g_lse, small_scratch, c_dq, c_dk, c_dv;
+    ASSERT_TRUE(cuda_ok(g_out.reserve(std::max<size_t>(no, 1) * 4), "alloc"));
+    ASSERT_TRUE(cuda_ok(g_lse.reserve(std::max<size_t>(nl, 1) * 4), "alloc"));
+    ASSERT_TRUE(cuda_ok(c_dq.reserve(std::max<size_t>(n_dq(c), 1) * 4), "alloc"));
+    ASSERT_TRUE(cuda_ok(c_dk.reserve(std::max<size_t>(n_dk(c), 1) * 4), "alloc"));
+    ASSERT_TRUE(cuda_ok(c_dv.reserve(std::max<size_t>(n_dv(c), 1) * 4), "alloc"));
+    auto ca = make_ref_args(c, p, c_dq.as<float>(), c_dk.as<float>(), c_dv.as<float>());
+    ca.out = g_out.as<float>();
+    ca.lse = g_lse.as<float>();
+    const size_t one_head = flash3::gpuref::backward_scratch_bytes(ca) / size_t(c.hq / c.hkv) + 1024;
+    ASSERT_TRUE(cuda_ok(small_scratch.reserve(one_head), "alloc"));
+    ca.scratch = small_scratch.ptr;
+    ca.scratch_bytes = one_head;
+    ASSERT_TRUE(cuda_ok(flash3::gpuref::backward(ca, flash3::gpuref::Mode::kFloat32, ds.stream), "gpuref (chunked)"));
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "sync"));
+
+    const std::vector<float> g_dq = fetch_f32(ds.ref_dq, n_dq(c)), g_dk = fetch_f32(ds.ref_dk, n_dk(c)),
+                             g_dv = fetch_f32(ds.ref_dv, n_dv(c));
+    const std::vector<float> l_dq = fetch_f32(ds.low_dq, n_dq(c)), l_dk = fetch_f32(ds.low_dk, n_dk(c)),
+                             l_dv = fetch_f32(ds.low_dv, n_dv(c));
+    const std::vector<float> h_out = fetch_f32(g_out, no), h_lse = fetch_f32(g_lse, nl);
+    // Chunking (heads per launch) changes nothing: bitwise equal.
+    auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
+    };
+    EXPECT_TRUE(same_bits(fetch_f32(c_dq, n_dq(c)), g_dq)) << c.describe() << ": dq depends on the scratch size";
+    EXPECT_TRUE(same_bits(fetch_f32(c_dk, n_dk(c)), g_dk)) << c.describe() << ": dk depends on the scratch size";
+    EXPECT_TRUE(same_bits(fetch_f32(c_dv, n_dv(c)), g_dv)) << c.describe() << ": dv depends on the scratch size";
+
+    flash3::ref::Problem pr;
+    pr.batch = c.batch, pr.seqlen_q = c.sq, pr.seqlen_k = c.sk, pr.heads_q = c.hq, pr.heads_kv = c.hkv;
+    pr.head_dim = c.d, pr.head_dim_v = c.dv;
+    flash3::ref::Options opt;
+    opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr, opt.softcap = c.softcap;
+    const std::vector<double> q = extract(b.host_in, p.in.q, c.dtype), k = extract(b.host_in, p.in.k, c.dtype),
+                              v = extract(b.host_in, p.in.v, c.dtype), dout = extract(b.host_dout, p.o, c.dtype);
+    std::vector<double> dlse64;
+    for (float x : b.host_dlse) dlse64.push_back(x);
+    std::vector<double> dq64(n_dq(c)), dk64(n_dk(c)), dv64(n_dv(c)), o64(no), lse64(nl);
+    flash3::ref::backward(pr, opt, q.data(), k.data(), v.data(), dout.data(), c.with_dlse ? dlse64.data() : nullptr,
+                          dq64.data(), dk64.data(), dv64.data());
+    flash3::ref::forward(pr, opt, q.data(), k.data(), v.data(), o64.data(), lse64.data());
+    std::vector<double> cdq, cdk, cdv;
+    cpu_backward_lowp(c, q, k, v, dout, c.with_dlse ? b.host_dlse.data() : nullptr, &cdq, &cdk, &cdv);
+
+    // fp32 GPU reference == float64 CPU reference within 1e-4 relative to max(1, |x|).
+    auto max_err = [](const std::vector<float>& g, const std::vector<double>& r, size_t* at) {
+      double m = 0;
+      *at = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        double e;
+        if (std::isinf(r[i]) || std::isnan(g[i])) e = (double(g[i]) == r[i]) ? 0.0 : std::numeric_limits<double>::infinity();
+        else e = std::fabs(double(g[i]) - r[i]) / std::max(1.0, std::fabs(r[i]));
+        if (e > m) m = e, *at = i;
+      }
+      return m;
+    };
+    auto err_vs = [](const std::vector<double>& a, const std::vector<double>& r) {
+      double m = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!std::isinf(r[i])) m = std::max(m, std::fabs(a[i] - r[i]));
+      return m;
+    };
+    struct T {
+      const char* name;
+      const std::vector<float>* gpu;
+      const std::vector<float>* low;
+      const std::vector<double>* f64;
+      const std::vector<double>* cpu_low;
+      int64_t s, h, w;
+    };
+    const T ts[] = {{"dQ", &g_dq, &l_dq, &dq64, &cdq, c.sq, c.hq, c.d},
+                    {"dK", &g_dk, &l_dk, &dk64, &cdk, c.sk, c.hkv, c.d},
+                    {"dV", &g_dv, &l_dv, &dv64, &cdv, c.sk, c.hkv, c.dv}};
+    for (const T& t : ts) {
+      size_t at = 0;
+      const double e = max_err(*t.gpu, *t.f64, &at);
+      EXPECT_LE(e, 1e-4) << c.describe() << ": GPU fp32 reference " << t.name << " differs from the float64 reference by "
+                         << e << " at " << where_bshx(at, t.s, t.h, t.w) << " (gpu=" << (*t.gpu)[at]
+                         << " cpu=" << (*t.f64)[at] << ")";
+      // The emulation's error against float64 is of the size of the CPU emulation's
+      // (fp32-vs-double ties may flip a few roundings: a factor of 2 either way).
+      const double gl = err_vs(to_double(*t.low), *t.f64), cl = err_vs(*t.cpu_low, *t.f64);
+      EXPECT_GT(cl, 0.0) << c.describe() << ": CPU " << t.name << " emulation has no error at all";
+      EXPECT_GE(gl, 0.5 * cl) << c.describe() << ": " << t.name << " emulation error gpu=" << gl << " cpu=" << cl;
+      EXPECT_LE(gl, 2.0 * cl + 1e-6) << c.describe() << ": " << t.name << " emulation error gpu=" << gl << " cpu=" << cl;
+    }
+    size_t at = 0;
+    EXPECT_LE(max_err(h_out, o64, &at), 1e-5) << c.describe() << ": recomputed out at " << at;
+    EXPECT_LE(max_err(h_lse, lse64, &at), 1e-5) << c.describe() << ": recomputed lse at " << at;
+    // Fully masked rows / unseen keys: exactly zero in both modes.
+    std::vector<char> empty_rows, unseen_keys;
+    mask_coverage(c, &empty_rows, &unseen_keys);
+    int64_t first = -1;
+    EXPECT_EQ(nonzero_in_rows(to_double(g_dq), empty_rows, c.batch, c.sq, c.hq, c.d, &first), 0) << "fp32 dq";
+    EXPECT_EQ(nonzero_in_rows(to_double(l_dq), empty_rows, c.batch, c.sq, c.hq, c.d, &first), 0) << "lowp dq";
+    EXPECT_EQ(nonzero_in_rows(to_double(g_dk), unseen_keys, c.batch, c.sk, c.hkv, c.d, &first), 0) << "fp32 dk";
+    EXPECT_EQ(nonzero_in_rows(to_double(l_dv), unseen_keys, c.batch, c.sk, c.hkv, c.dv, &first), 0) << "lowp dv";
+  }
+}
+
+// The reference handles empty problems like the library must.
+TEST(GpuReference, BackwardEmpty) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DeviceState& ds = dev();
+  for (int which = 0; which < 2; ++which) {
+    Case c;
+    c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.dv = 64;
+    c.sq = which == 0 ? 0 : 50;
+    c.sk = which == 0 ? 50 : 0;
+    c.name = which == 0 ? "bwdref_empty_q" : "bwdref_empty_k";
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    for (tu::DeviceBuffer* x : {&ds.ref_dq, &ds.ref_dk, &ds.ref_dv, &ds.low_dq, &ds.low_dk, &ds.low_dv})
+      ASSERT_TRUE(cuda_ok(cudaMemset(x->ptr, 0xff, x->bytes), "poison"));
+    ASSERT_TRUE(run_references(c, b.plan));
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "sync"));
+    for (auto [buf, n] : {std::pair{&ds.ref_dq, n_dq(c)}, std::pair{&ds.ref_dk, n_dk(c)},
+                          std::pair{&ds.ref_dv, n_dv(c)}, std::pair{&ds.low_dq, n_dq(c)}}) {
+      const std::vector<float> h = fetch_f32(*buf, n);
+      int64_t bad = 0;
+      for (float x : h) bad += !(x == 0.f);
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+// ===========================================================================
+// The manifest's variant list ("bwd <dtype> <d> <dv>" rows) and backward_is_built() agree.
+// ===========================================================================
+TEST(BwdGpu, VariantsFileMatchesIsBuilt) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  bool found = false;
+  const std::vector<tu::Variant> vars = tu::read_variants(FLASH3_VARIANTS_FILE, &found);
+  ASSERT_TRUE(found) << "cannot read " << FLASH3_VARIANTS_FILE;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    for (HeadDims h : {HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128}, HeadDims{192, 192},
+                       HeadDims{256, 256}, HeadDims{192, 128}}) {
+      bool listed = false;
+      for (const tu::Variant& v : vars)
+        listed |= v.pass == "bwd" && v.dtype == tu::short_dtype(dt) && v.d == h.d && v.dv == h.dv;
+      EXPECT_EQ(listed, flash3::backward_is_built(dt, h.d, h.dv))
+          << tu::short_dtype(dt) << " " << h.d << "x" << h.dv << ": variants.txt and backward_is_built() disagree";
+    }
+}
+
+}  // namespace
