@@ -199,16 +199,14 @@ struct BwdMainloop {
         SFrag tSrS;
         wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
         float lse[kNCols];
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kNCols; ++c) lse[c] = ss.smem_lse[rq.index() * kBlockM + get<1>(tScS_rc(0, c))];
+        load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
         // G2: dP^T = V dO^T.
         if (it == 0) ss.barrier_v.wait(0);
         pipeline_do.consumer_wait(rdo);
         dPFrag tdPrdP;
         wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
         float dpsum[kNCols];
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kNCols; ++c) dpsum[c] = ss.smem_dpsum[rdo.index() * kBlockM + get<1>(tScS_rc(0, c))];
+        load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
         warpgroup_wait<1>();  // S^T ready; dP^T may still run
 
         // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) (seed 7.1.3: no row max needed).
@@ -236,7 +234,7 @@ struct BwdMainloop {
         }
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
-        copy(rdS, tdSsdS(_, _, _, ds_stage));
+        store_pairs(rdS, tdSsdS(_, _, _, ds_stage));
         // Generic-proxy stores must be visible to the WGMMA (async proxy) reads,
         // and the other warpgroup's slice must be complete: fence, then barrier.
         cutlass::arch::fence_view_async_shared();
@@ -267,6 +265,36 @@ struct BwdMainloop {
         ++rq;
         ++rdo;
       }
+    }
+  }
+
+  // Per-query statistics for this thread's accumulator columns. Columns come
+  // in adjacent pairs (the accumulator's innermost mode), so one 8-byte load
+  // fetches two.
+  template <int kNCols, class TensorC>
+  CUTLASS_DEVICE static void load_stats(float (&out)[kNCols], const float* stats, TensorC const& c_rc) {
+    static_assert(kNCols % 2 == 0);
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kNCols; c += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(stats + get<1>(c_rc(0, c)));
+      out[c] = v.x;
+      out[c + 1] = v.y;
+    }
+  }
+
+  // dS^T fragment -> shared memory, 32 bits at a time: fragment elements 2i and
+  // 2i+1 are adjacent queries of one key, which are adjacent (and 4-byte
+  // aligned) in the query-contiguous dS tile; the 128-byte swizzle permutes
+  // 16-byte chunks only, so it never splits a pair.
+  template <class TensorR, class TensorS>
+  CUTLASS_DEVICE static void store_pairs(TensorR const& r, TensorS&& s) {
+    static_assert(decltype(size<0, 0>(r))::value == 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(r); i += 2) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = r(i);
+      pair[1] = r(i + 1);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(&s(i)) = pair;
     }
   }
 

@@ -23,8 +23,9 @@ enum class FwdSchedule : int {
   kD64NoPingpong = 9,
   kD64TileN128 = 10,
   kD64CausalTileN192 = 11,
-  // Every build: causal/local tiles in plain order instead of longest first.
-  kNoLpt = 12,
+  // Every build: causal/local tile order (default: grouped longest-first).
+  kNoLpt = 12,      // plain m_block-fastest order
+  kLptGlobal = 13,  // longest first over all heads at once
 };
 
 struct FwdParams {

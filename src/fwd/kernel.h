@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // Barrier initialisation must be visible to every thread before first use.
   __syncthreads();
 
-  const TileCoord tile = Scheduler::tile(params.num_m_blocks, params.heads_q, params.lpt);
+  const TileCoord tile = Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
   const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
 
   if (warp_group_idx == 0) {

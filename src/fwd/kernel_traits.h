@@ -119,7 +119,7 @@ struct FwdTraits {
     MaskSpec mask;
     int heads_q, heads_per_kv, num_m_blocks;
     float softmax_scale, softmax_scale_log2;
-    bool lpt;  // longest-first tile order (LptTileScheduler)
+    int tile_order;  // LptTileScheduler order: < 0 plain, 0 global longest-first, G grouped
   };
 };
 

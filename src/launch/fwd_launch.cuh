@@ -14,6 +14,20 @@
 
 namespace flash3 {
 
+// Causal/local tile order (LptTileScheduler). Measured on H200, bf16 causal
+// (docs/performance.md, "tile order"): for d <= 128 longest-first in groups of
+// heads whose K/V fit in a share of L2 together beats the global order at
+// 2k-8k (d=128 2k: 504 vs 437 TFLOP/s) and ties at 16k; for d > 128 the global
+// longest-first order wins everywhere (d=256 8k: 717 vs 655).
+inline int fwd_tile_order(const FwdParams& p, int d, int dv, int elem_bytes) {
+  if (p.schedule == FwdSchedule::kNoLpt) return -1;
+  if (p.schedule == FwdSchedule::kLptGlobal || d > 128) return 0;
+  constexpr double kL2Share = 24.0 * 1024 * 1024;  // of the H100/H200's 50 MB L2
+  const double kv_bytes = double(p.seqlen_k > 0 ? p.seqlen_k : 1) * (d + dv) * elem_bytes;
+  const int g = int(kL2Share / kv_bytes);
+  return g < 1 ? 1 : g;
+}
+
 template <class Traits, class Scheduler>
 Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
@@ -62,8 +76,8 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   auto kernel = flash_fwd_kernel<Traits, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
   FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kp.lpt = p.schedule != FwdSchedule::kNoLpt;
-  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.lpt);
+  kp.tile_order = fwd_tile_order(p, Traits::kHeadDim, Traits::kHeadDimV, sizeof(Element));
+  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
   return check_last_launch("flash3 forward kernel launch");
 }
@@ -98,7 +112,8 @@ Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.schedule != FwdSchedule::kDefault && p.schedule != FwdSchedule::kNoLpt) return run_fwd_ablation(p, stream);
+  if (p.schedule != FwdSchedule::kDefault && p.schedule != FwdSchedule::kNoLpt && p.schedule != FwdSchedule::kLptGlobal)
+    return run_fwd_ablation(p, stream);
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);

@@ -15,25 +15,42 @@ struct TileCoord {
 };
 
 struct SingleTileScheduler {
-  static dim3 grid(int num_m_blocks, int heads, int batch, bool /*lpt*/ = true) {
+  static dim3 grid(int num_m_blocks, int heads, int batch, int /*order*/) {
     return dim3(num_m_blocks, heads, batch);
   }
-  CUTLASS_DEVICE static TileCoord tile(int /*num_m_blocks*/, int /*heads*/, bool /*lpt*/ = true) {
+  CUTLASS_DEVICE static TileCoord tile(int /*num_m_blocks*/, int /*heads*/, int /*order*/) {
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   }
 };
 
+// order (runtime, from the host heuristic in fwd_launch.cuh):
+//   < 0 : plain m_block-fastest order (shortest causal tiles first)
+//   = 0 : global longest-first: every head's last m_block, then the next ...
+//   = G : grouped longest-first: heads (x batches) in groups of G whose K/V fit
+//         in L2 together; within a group tiles go longest first. The first
+//         wave then reads few heads' K/V (L2 reuse, which the global order
+//         loses at short seqlens) while the tail is still short tiles.
 struct LptTileScheduler {
-  // lpt = false (FLASH3_FWD_SCHEDULE=12, for measuring the effect): the plain
-  // m_block-fastest order, which under a causal mask launches the shortest
-  // tiles first.
-  static dim3 grid(int num_m_blocks, int heads, int batch, bool lpt = true) {
-    return lpt ? dim3(heads * batch, num_m_blocks, 1) : dim3(num_m_blocks, heads, batch);
+  static dim3 grid(int num_m_blocks, int heads, int batch, int order) {
+    if (order < 0) return dim3(num_m_blocks, heads, batch);
+    return dim3(heads * batch, num_m_blocks, 1);
   }
-  CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, bool lpt = true) {
-    if (!lpt) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-    const int hb = int(blockIdx.x);
-    return {num_m_blocks - 1 - int(blockIdx.y), hb % heads, hb / heads};
+  CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, int order) {
+    if (order < 0) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+    const int hb_total = int(gridDim.x);
+    int hb, rank;  // rank 0 = longest tile
+    if (order == 0) {
+      hb = int(blockIdx.x);
+      rank = int(blockIdx.y);
+    } else {
+      const int lin = int(blockIdx.y) * hb_total + int(blockIdx.x);
+      const int group = lin / (order * num_m_blocks);
+      const int r = lin - group * order * num_m_blocks;
+      const int gsize = min(order, hb_total - group * order);
+      hb = group * order + r % gsize;
+      rank = r / gsize;
+    }
+    return {num_m_blocks - 1 - rank, hb % heads, hb / heads};
   }
 };
 

@@ -1,0 +1,528 @@
+// flash3 PyTorch binding: the torch.library operators
+//
+//   flash3::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+//       -> (out, softmax_lse)
+//   flash3::bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
+//               window_right, softcap, deterministic) -> (dq, dk, dv)
+//
+// Kernels registered here:
+//   CUDA      the real implementation: checks every argument (raising ValueError / TypeError /
+//             NotImplementedError naming the argument) before anything is queued, allocates
+//             out / lse / dq / dk / dv / workspace with the caching allocator (at::empty: CUDA-graph
+//             safe), and calls flash3::forward / flash3::backward on the current stream.
+//   CPU       raises the "must be a CUDA tensor" error (instead of the dispatcher's generic
+//             "could not run ... with arguments from the 'CPU' backend").
+//   Autograd  (fwd only) a C++ autograd function whose backward calls flash3::bwd. Doing this in
+//             C++ rather than with torch.library.register_autograd keeps the per-call Python
+//             overhead down (no Python autograd kernel on every call); torch.compile traces it
+//             like any other C++ autograd kernel (the backward's flash3::bwd call lands in the
+//             backward graph through its fake implementation).
+// The fake (meta) implementations used by torch.compile live in Python
+// (flash3/flash_attn_interface.py, torch.library.register_fake).
+//
+// The C++ library itself (libflash3.so) knows nothing about torch; this file is the only
+// place the two meet.
+#include <torch/extension.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "flash3/flash3.h"
+
+// Error helpers: the message is assembled here from strings and numbers
+// (std::to_string), then thrown as the matching c10 error (ValueError,
+// TypeError, NotImplementedError, RuntimeError in Python). Messages are built
+// before the throw so no stream formatting happens on the error path.
+inline std::string msg_part(const char* s) { return s; }
+inline std::string msg_part(const std::string& s) { return s; }
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+inline std::string msg_part(T v) { return std::to_string(v); }
+inline std::string msg_part(double v) { return std::to_string(v); }
+inline std::string msg_part(c10::IntArrayRef v) {
+  std::string m = "[";
+  for (size_t i = 0; i < v.size(); ++i) m += (i ? ", " : "") + std::to_string(v[i]);
+  return m + "]";
+}
+template <class... A>
+std::string msg_join(const A&... a) {
+  std::string m;
+  (m += ... += msg_part(a));
+  return m;
+}
+template <class... A>
+[[noreturn]] void value_error(const A&... a) { throw c10::ValueError({__func__, __FILE__, uint32_t(__LINE__)}, msg_join(a...)); }
+template <class... A>
+[[noreturn]] void type_error(const A&... a) { throw c10::TypeError({__func__, __FILE__, uint32_t(__LINE__)}, msg_join(a...)); }
+template <class... A>
+[[noreturn]] void not_implemented_error(const A&... a) {
+  throw c10::NotImplementedError({__func__, __FILE__, uint32_t(__LINE__)}, msg_join(a...));
+}
+template <class... A>
+[[noreturn]] void runtime_error(const A&... a) { throw c10::Error({__func__, __FILE__, uint32_t(__LINE__)}, msg_join(a...)); }
+
+
+namespace {
+
+using at::Tensor;
+
+// ---------------------------------------------------------------------------
+// Argument checks. Every failure raises before anything is launched; the messages
+// name the argument, what was seen and what was expected.
+// ---------------------------------------------------------------------------
+std::string shape_str(const Tensor& t) {
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + (t.dim() == 1 ? ",)" : ")");
+}
+
+std::string dtype_str(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+flash3::DType to_f3(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return flash3::DType::kFloat16;
+    case at::kBFloat16: return flash3::DType::kBFloat16;
+    case at::kFloat: return flash3::DType::kFloat32;
+    default: return flash3::DType::kFloat32;  // never reached: dtypes are checked first
+  }
+}
+
+void check_cuda(const Tensor& t, const char* name) {
+  if (!(t.is_cuda())) value_error("flash3: ", name, " must be a CUDA tensor, but ", name, " is on device '", t.device().str(), "' (move it with ", name, ".cuda())");
+}
+
+void check_same_device(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
+  if (!(t.device() == ref.device())) value_error("flash3: ", name, " is on device '", t.device().str(), "' but ", ref_name, " is on device '", ref.device().str(), "'; expected all tensors on the same CUDA device");
+}
+
+void check_dtype_q(const Tensor& q) {
+  const auto dt = q.scalar_type();
+  if (!(dt == at::kHalf || dt == at::kBFloat16)) type_error("flash3: q.dtype is ", dtype_str(dt), "; expected torch.float16 or torch.bfloat16");
+}
+
+void check_same_dtype(const Tensor& t, const char* name, const Tensor& q) {
+  if (!(t.scalar_type() == q.scalar_type())) type_error("flash3: ", name, ".dtype is ", dtype_str(t.scalar_type()), "; expected ", dtype_str(q.scalar_type()), " to match q.dtype");
+}
+
+void check_4d(const Tensor& t, const char* name, const char* layout) {
+  if (!(t.dim() == 4)) value_error("flash3: ", name, " has ", t.dim(), " dimensions (shape ", shape_str(t), "); expected a 4-d tensor ", layout);
+}
+
+void check_last_dim_contiguous(const Tensor& t, const char* name, const char* dim_name) {
+  if (!(t.stride(-1) == 1)) value_error("flash3: ", name, ".stride(-1) (", dim_name, ") is ", t.stride(-1), "; expected 1: the ", dim_name, " dimension must be contiguous (use ", name, ".contiguous())");
+}
+
+// "(64, 64), (96, 96), ..." for the built forward (or backward) kernels of a dtype.
+std::string built_head_dims(flash3::DType dt, bool forward) {
+  std::string s;
+  for (int d = 8; d <= 256; d += 8)
+    for (int dv = 8; dv <= 256; dv += 8) {
+      const bool built = forward ? flash3::forward_is_built(dt, d, dv) : flash3::backward_is_built(dt, d, dv);
+      if (built) s += (s.empty() ? "(" : ", (") + std::to_string(d) + ", " + std::to_string(dv) + ")";
+    }
+  return s.empty() ? "none" : s;
+}
+
+// Caches forward_is_built per (dtype, d, dv): the answers never change within a process.
+bool kernel_built(flash3::DType dt, int64_t d, int64_t dv, bool forward) {
+  if (d < 8 || d > 256 || dv < 8 || dv > 256 || d % 8 || dv % 8) return false;
+  static std::once_flag once;
+  static bool table[2][2][33][33];  // [forward][dtype][d/8][dv/8]
+  std::call_once(once, [] {
+    for (int f = 0; f < 2; ++f)
+      for (int t = 0; t < 2; ++t)
+        for (int a = 1; a <= 32; ++a)
+          for (int b = 1; b <= 32; ++b) {
+            const auto dt = t ? flash3::DType::kBFloat16 : flash3::DType::kFloat16;
+            table[f][t][a][b] = f ? flash3::forward_is_built(dt, 8 * a, 8 * b) : flash3::backward_is_built(dt, 8 * a, 8 * b);
+          }
+  });
+  return table[forward ? 1 : 0][dt == flash3::DType::kBFloat16 ? 1 : 0][d / 8][dv / 8];
+}
+
+void check_head_dim(const Tensor& q, const Tensor& v) {
+  const auto dt = to_f3(q.scalar_type());
+  const int64_t d = q.size(-1), dv = v.size(-1);
+  if (!(kernel_built(dt, d, dv, /*forward=*/true))) value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and v.shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built_head_dims(dt, true));
+}
+
+// All the tensor checks of the forward, in the order a user would want to hear about them.
+void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_cuda(q, "q");
+  check_cuda(k, "k");
+  check_cuda(v, "v");
+  check_same_device(k, "k", q, "q");
+  check_same_device(v, "v", q, "q");
+  check_dtype_q(q);
+  check_same_dtype(k, "k", q);
+  check_same_dtype(v, "v", q);
+  check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
+  check_4d(k, "k", "(batch, seqlen_k, num_heads_kv, head_dim)");
+  check_4d(v, "v", "(batch, seqlen_k, num_heads_kv, head_dim_v)");
+  check_last_dim_contiguous(q, "q", "head_dim");
+  check_last_dim_contiguous(k, "k", "head_dim");
+  check_last_dim_contiguous(v, "v", "head_dim_v");
+  if (!(k.size(0) == q.size(0))) value_error("flash3: k.shape[0] (batch) is ", k.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", k ", shape_str(k), ")");
+  if (!(v.size(0) == q.size(0))) value_error("flash3: v.shape[0] (batch) is ", v.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", v ", shape_str(v), ")");
+  if (!(v.size(1) == k.size(1))) value_error("flash3: v.shape[1] (seqlen_k) is ", v.size(1), "; expected ", k.size(1), " to match k.shape[1] (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(v.size(2) == k.size(2))) value_error("flash3: v.shape[2] (num_heads_kv) is ", v.size(2), "; expected ", k.size(2), " to match k.shape[2] (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(k.size(3) == q.size(3))) value_error("flash3: k.shape[3] (head_dim) is ", k.size(3), "; expected ", q.size(3), " to match q.shape[3] (q ", shape_str(q), ", k ", shape_str(k), ")");
+  if (!(k.size(2) >= 1 && q.size(2) % k.size(2) == 0)) value_error("flash3: q.shape[2] (num_heads_q) is ", q.size(2), ", which is not a multiple of k.shape[2] (num_heads_kv) ", k.size(2), "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  check_head_dim(q, v);
+}
+
+void check_window(bool causal, int64_t window_left, int64_t window_right) {
+  if (!(window_left >= -1)) value_error("flash3: window_size[0] (left) is ", window_left, "; expected >= -1 (-1 means unbounded)");
+  if (!(window_right >= -1)) value_error("flash3: window_size[1] (right) is ", window_right, "; expected >= -1 (-1 means unbounded)");
+  if (!(!(causal && window_right > 0))) value_error("flash3: window_size[1] (right) is ", window_right, " with causal=True; expected 0 or -1 (causal implies window_size[1] == 0)");
+  if (!(window_left <= INT32_MAX && window_right <= INT32_MAX)) value_error("flash3: window_size (", window_left, ", ", window_right, ") is out of the int32 range");
+}
+
+// A Status that is not ok becomes the matching Python exception.
+void throw_if_error(const flash3::Status& s, const char* where) {
+  if (s.ok()) return;
+  switch (s.code) {
+    case flash3::StatusCode::kInvalidArgument:
+      value_error("flash3: ", where, ": ", s.message);
+    case flash3::StatusCode::kNotSupported:
+      not_implemented_error("flash3: ", where, ": ", s.message);
+    case flash3::StatusCode::kCudaError:
+      runtime_error("flash3: ", where, ": CUDA error: ", s.message);
+    default:
+      runtime_error("flash3: ", where, ": internal error: ", s.message);
+  }
+}
+
+flash3::TensorView view(const Tensor& t) {
+  flash3::TensorView v;
+  v.data = t.defined() ? t.data_ptr() : nullptr;
+  if (!t.defined()) return v;
+  v.dtype = to_f3(t.scalar_type());
+  v.ndim = static_cast<int>(t.dim());
+  for (int i = 0; i < v.ndim && i < 4; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
+flash3::AttentionOptions make_opts(std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                   int64_t window_right, double softcap, bool deterministic) {
+  flash3::AttentionOptions o;
+  o.softmax_scale = softmax_scale.has_value() ? static_cast<float>(*softmax_scale) : 0.f;
+  o.causal = causal;
+  o.window_left = static_cast<int>(window_left);
+  o.window_right = static_cast<int>(window_right);
+  o.softcap = static_cast<float>(softcap);
+  o.deterministic = deterministic;
+  return o;
+}
+
+// A tensor the kernels can read: unit stride in the last dim, other strides multiples of
+// 16 bytes, 16-byte aligned data. Gradients handed to backward (dout, dlse) can be anything
+// (expanded, sliced); they are copied when needed.
+Tensor kernel_layout(const Tensor& t, bool is_lse) {
+  const int64_t esize = static_cast<int64_t>(t.element_size());
+  bool ok = t.numel() == 0 || t.stride(-1) == 1;
+  if (ok && !is_lse) {
+    const int64_t mult = 16 / esize;
+    for (int64_t i = 0; i + 1 < t.dim(); ++i) ok = ok && (t.stride(i) % mult == 0 || t.size(i) == 1);
+  }
+  for (int64_t i = 0; ok && i < t.dim(); ++i) ok = !(t.stride(i) == 0 && t.size(i) > 1);  // expanded
+  const uintptr_t align = is_lse ? 4 : 16;
+  ok = ok && reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0;
+  if (ok) return t;
+  Tensor c = at::empty(t.sizes(), t.options());  // fresh allocation: contiguous and aligned
+  c.copy_(t);
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// CUDA kernels of the ops.
+// ---------------------------------------------------------------------------
+std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                    int64_t window_right, double softcap, bool deterministic) {
+  check_forward_inputs(q, k, v);
+  check_window(causal, window_left, window_right);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
+  Tensor out = at::empty({b, sq, hq, dv}, q.options());
+  Tensor lse = at::empty({b, hq, sq}, q.options().dtype(at::kFloat));
+
+  flash3::ForwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out);
+  args.lse = view(lse);
+  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::forward(args, stream), "forward");
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse_in,
+                                            std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                            int64_t window_right, double softcap, bool deterministic) {
+  check_forward_inputs(q, k, v);
+  check_window(causal, window_left, window_right);
+  check_cuda(dout_in, "dout");
+  check_cuda(out, "out");
+  check_cuda(lse, "softmax_lse");
+  check_same_device(dout_in, "dout", q, "q");
+  check_same_device(out, "out", q, "q");
+  check_same_device(lse, "softmax_lse", q, "q");
+  check_same_dtype(dout_in, "dout", q);
+  check_same_dtype(out, "out", q);
+  if (!(lse.scalar_type() == at::kFloat)) type_error("flash3: softmax_lse.dtype is ", dtype_str(lse.scalar_type()), "; expected torch.float32");
+  const auto ref_out = std::vector<int64_t>{q.size(0), q.size(1), q.size(2), v.size(3)};
+  if (!(out.sizes() == at::IntArrayRef(ref_out))) value_error("flash3: out has shape ", shape_str(out), "; expected ", c10::IntArrayRef(ref_out), " (batch, seqlen_q, num_heads_q, head_dim_v)");
+  if (!(dout_in.sizes() == out.sizes())) value_error("flash3: dout has shape ", shape_str(dout_in), "; expected ", shape_str(out), " to match out");
+  if (!(kernel_built(to_f3(q.scalar_type()), q.size(3), v.size(3), /*forward=*/false))) not_implemented_error("flash3: no backward kernel for ", dtype_str(q.scalar_type()), " head_dim ", q.size(3), ", head_dim_v ", v.size(3), " in this build; backward kernels (head_dim, head_dim_v): ", built_head_dims(to_f3(q.scalar_type()), false));
+  Tensor dlse;
+  if (dlse_in.has_value() && dlse_in->defined()) {
+    check_cuda(*dlse_in, "dlse");
+    check_same_device(*dlse_in, "dlse", q, "q");
+    if (!(dlse_in->sizes() == lse.sizes())) value_error("flash3: dlse has shape ", shape_str(*dlse_in), "; expected ", shape_str(lse), " to match softmax_lse");
+    dlse = kernel_layout(dlse_in->scalar_type() == at::kFloat ? *dlse_in : dlse_in->to(at::kFloat), true);
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  const Tensor dout = kernel_layout(dout_in, false);
+  const Tensor lse_k = kernel_layout(lse, true);
+  const Tensor out_k = kernel_layout(out, false);
+  Tensor dq = at::empty(q.sizes(), q.options());
+  Tensor dk = at::empty(k.sizes(), k.options());
+  Tensor dv = at::empty(v.sizes(), v.options());
+
+  flash3::BackwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out_k);
+  args.dout = view(dout);
+  args.lse = view(lse_k);
+  args.dlse = view(dlse);
+  args.dq = view(dq);
+  args.dk = view(dk);
+  args.dv = view(dv);
+  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  // Scratch from the caching allocator (stream-ordered and CUDA-graph safe).
+  Tensor workspace;
+  const size_t ws_bytes = flash3::backward_workspace_size(args);
+  if (ws_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
+    args.workspace = workspace.data_ptr();
+    args.workspace_bytes = ws_bytes;
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::backward(args, stream), "backward");
+  return {dq, dk, dv};
+}
+
+// CPU "kernels": only reached when every tensor argument is on the CPU.
+std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double>, bool,
+                                   int64_t, int64_t, double, bool) {
+  check_forward_inputs(q, k, v);  // raises for the first CPU tensor
+  runtime_error("flash3: unreachable");
+  return {};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                           std::optional<double>, bool, int64_t, int64_t, double, bool) {
+  check_forward_inputs(q, k, v);
+  check_cuda(dout, "dout");
+  runtime_error("flash3: unreachable");
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// Autograd.
+// ---------------------------------------------------------------------------
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::tuple<Tensor, Tensor> call_fwd_below_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   std::optional<double> softmax_scale, bool causal,
+                                                   int64_t window_left, int64_t window_right, double softcap,
+                                                   bool deterministic) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::fwd", "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                         std::optional<double>, bool, int64_t, int64_t, double, bool)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op.call(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+}
+
+std::tuple<Tensor, Tensor, Tensor> call_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse,
+                                            std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                            int64_t window_right, double softcap, bool deterministic) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::bwd", "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const std::optional<Tensor>&, std::optional<double>, bool, int64_t, int64_t, double, bool)>();
+  return op.call(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_left, window_right, softcap,
+                 deterministic);
+}
+
+class FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, double softcap, bool deterministic) {
+    auto [out, lse] =
+        call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["has_scale"] = softmax_scale.has_value();
+    ctx->saved_data["scale"] = softmax_scale.value_or(0.0);
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["wl"] = window_left;
+    ctx->saved_data["wr"] = window_right;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["deterministic"] = deterministic;
+    // Gradients of unused outputs arrive undefined: an unused softmax_lse costs nothing in
+    // backward (no dlse term), an unused out gets a zero dout.
+    ctx->set_materialize_grads(false);
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    Tensor dout = grads[0];
+    const Tensor& dlse = grads[1];
+    if (!dout.defined()) dout = at::zeros_like(out);
+    std::optional<double> scale;
+    if (ctx->saved_data["has_scale"].toBool()) scale = ctx->saved_data["scale"].toDouble();
+    std::optional<Tensor> dlse_opt;
+    if (dlse.defined()) dlse_opt = dlse;
+    auto [dq, dk, dv] = call_bwd(dout, q, k, v, out, lse, dlse_opt, scale, ctx->saved_data["causal"].toBool(),
+                                 ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
+                                 ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                        int64_t window_right, double softcap, bool deterministic) {
+  const bool needs_grad =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!needs_grad)  // inference: no autograd node at all
+    return call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  auto r = FlashAttnFunction::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  return {r[0], r[1]};
+}
+
+// ---------------------------------------------------------------------------
+// Helpers for Python (introspection and the overhead benchmark).
+// ---------------------------------------------------------------------------
+int dtype_code(at::ScalarType t) {
+  if (!(t == at::kHalf || t == at::kBFloat16)) type_error("flash3: dtype must be torch.float16 or torch.bfloat16, got ", dtype_str(t));
+  return t == at::kHalf ? 0 : 1;
+}
+
+bool py_forward_is_built(at::ScalarType t, int64_t d, int64_t dv) {
+  dtype_code(t);
+  return kernel_built(to_f3(t), d, dv, true);
+}
+
+bool py_backward_is_built(at::ScalarType t, int64_t d, int64_t dv) {
+  dtype_code(t);
+  return kernel_built(to_f3(t), d, dv, false);
+}
+
+std::tuple<bool, std::string> py_device_is_supported() {
+  std::string why;
+  const bool ok = flash3::device_is_supported(&why);
+  return {ok, why};
+}
+
+// The overhead benchmark's "direct C++ call": `iters` calls of flash3::forward on the
+// current stream with preallocated out/lse, each building its ForwardArgs from scratch as a
+// C++ caller would. Returns the host wall time per call in microseconds (no synchronisation
+// inside: call torch.cuda.synchronize() afterwards).
+double bench_direct_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                            int64_t iters) {
+  check_forward_inputs(q, k, v);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(), *op = out.data_ptr(), *lp = lse.data_ptr();
+  const auto dt = to_f3(q.scalar_type());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iters; ++i) {
+    flash3::ForwardArgs a;
+    a.q = flash3::TensorView::make4d(qp, dt, q.size(0), q.size(1), q.size(2), q.size(3), q.stride(0), q.stride(1),
+                                     q.stride(2), q.stride(3));
+    a.k = flash3::TensorView::make4d(kp, dt, k.size(0), k.size(1), k.size(2), k.size(3), k.stride(0), k.stride(1),
+                                     k.stride(2), k.stride(3));
+    a.v = flash3::TensorView::make4d(vp, dt, v.size(0), v.size(1), v.size(2), v.size(3), v.stride(0), v.stride(1),
+                                     v.stride(2), v.stride(3));
+    a.out = flash3::TensorView::make4d(op, dt, out.size(0), out.size(1), out.size(2), out.size(3), out.stride(0),
+                                       out.stride(1), out.stride(2), out.stride(3));
+    a.lse = flash3::TensorView::make3d(lp, flash3::DType::kFloat32, lse.size(0), lse.size(1), lse.size(2),
+                                       lse.stride(0), lse.stride(1), lse.stride(2));
+    a.opts.causal = causal;
+    const flash3::Status s = flash3::forward(a, stream);
+    if (!s.ok()) throw_if_error(s, "forward");
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(iters > 0 ? iters : 1);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(flash3, m) {
+  // Fake implementations: flash3.flash_attn_interface (torch.library.register_fake).
+  m.set_python_module("flash3.flash_attn_interface");
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, float softcap=0.0, bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse=None, "
+      "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+      "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
+  m.impl("bwd", &bwd_cuda);
+}
+
+TORCH_LIBRARY_IMPL(flash3, CPU, m) {
+  m.impl("fwd", &fwd_cpu);
+  m.impl("bwd", &bwd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(flash3, Autograd, m) { m.impl("fwd", &fwd_autograd); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / torch.ops.flash3.bwd)";
+  mod.def("version", [] { return std::string(flash3::version()); });
+  mod.def("forward_is_built", &py_forward_is_built, "whether a forward kernel for (dtype, head_dim, head_dim_v) is built");
+  mod.def("backward_is_built", &py_backward_is_built, "whether a backward kernel for (dtype, head_dim, head_dim_v) is built");
+  mod.def("device_is_supported", &py_device_is_supported, "(ok, reason): whether the current CUDA device is a Hopper GPU");
+  mod.def("bench_direct_forward", &bench_direct_forward,
+          "benchmark helper: host microseconds per direct flash3::forward call (no Python in the loop)");
+}

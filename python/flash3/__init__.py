@@ -1,0 +1,28 @@
+"""flash3: FlashAttention-3 for Hopper GPUs, with the PyTorch API of FlashAttention-3.
+
+    from flash3 import flash_attn_func          # instead of: from flash_attn_interface import flash_attn_func
+    out = flash_attn_func(q, k, v, causal=True)  # q, k, v: (batch, seqlen, heads, head_dim) fp16/bf16 CUDA
+
+Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3.fwd and
+torch.ops.flash3.bwd (CUDA kernels and autograd in C++), and flash3.flash_attn_interface, which
+registers their fake implementations for torch.compile.
+"""
+import torch  # noqa: F401  (loads libtorch / libc10_cuda / libcudart before the extension)
+
+from . import _C  # noqa: F401  (registers torch.ops.flash3.*)
+from .flash_attn_interface import (  # noqa: F401
+    backward_is_built,
+    device_is_supported,
+    flash_attn_func,
+    forward_is_built,
+)
+
+__version__ = _C.version()
+
+__all__ = [
+    "flash_attn_func",
+    "forward_is_built",
+    "backward_is_built",
+    "device_is_supported",
+    "__version__",
+]

@@ -1,0 +1,226 @@
+"""flash3's PyTorch API, argument-compatible with FlashAttention-3's ``flash_attn_interface``.
+
+Swapping the import is enough::
+
+    # from flash_attn_interface import flash_attn_func
+    from flash3.flash_attn_interface import flash_attn_func   # or: from flash3 import flash_attn_func
+
+The work is done by two operators registered by the C++ extension ``flash3._C``:
+
+* ``torch.ops.flash3.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+  deterministic) -> (out, softmax_lse)``
+* ``torch.ops.flash3.bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
+  window_right, softcap, deterministic) -> (dq, dk, dv)``
+
+Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd``) are C++;
+this module adds their fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
+them without graph breaks, and the Python entry points.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _C
+
+__all__ = ["flash_attn_func", "forward_is_built", "backward_is_built", "device_is_supported"]
+
+_fwd = torch.ops.flash3.fwd.default
+_bwd = torch.ops.flash3.bwd.default
+
+_FWD_LAYOUTS = {
+    "q": "(batch, seqlen_q, num_heads_q, head_dim)",
+    "k": "(batch, seqlen_k, num_heads_kv, head_dim)",
+    "v": "(batch, seqlen_k, num_heads_kv, head_dim_v)",
+}
+
+
+# ---------------------------------------------------------------------------
+# Introspection.
+# ---------------------------------------------------------------------------
+def forward_is_built(dtype: torch.dtype, head_dim: int, head_dim_v: Optional[int] = None) -> bool:
+    """Whether this build has forward kernels for (dtype, head_dim, head_dim_v)."""
+    return _C.forward_is_built(dtype, int(head_dim), int(head_dim if head_dim_v is None else head_dim_v))
+
+
+def backward_is_built(dtype: torch.dtype, head_dim: int, head_dim_v: Optional[int] = None) -> bool:
+    """Whether this build has backward kernels for (dtype, head_dim, head_dim_v)."""
+    return _C.backward_is_built(dtype, int(head_dim), int(head_dim if head_dim_v is None else head_dim_v))
+
+
+def device_is_supported() -> Tuple[bool, str]:
+    """(True, "") when the current CUDA device is a Hopper (sm_90) GPU, else (False, reason)."""
+    return _C.device_is_supported()
+
+
+# ---------------------------------------------------------------------------
+# Argument checks of the fake implementations (torch.compile tracing). They mirror the C++
+# checks in csrc/flash3_torch.cpp, which are the ones that run in eager mode, so a traced
+# program fails at compile time with the same exception as the eager one.
+# ---------------------------------------------------------------------------
+def _dtype_str(dt):
+    return str(dt)
+
+
+def _built_list(dtype, forward=True):
+    fn = _C.forward_is_built if forward else _C.backward_is_built
+    pairs = [(d, dv) for d in range(8, 257, 8) for dv in range(8, 257, 8) if fn(dtype, d, dv)]
+    return ", ".join(f"({d}, {dv})" for d, dv in pairs) or "none"
+
+
+def _check_forward_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
+                            "to match q.dtype")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 4-d "
+                             f"tensor {_FWD_LAYOUTS[name]}")
+    for name, t, dim in (("q", q, "head_dim"), ("k", k, "head_dim"), ("v", v, "head_dim_v")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash3: {name}.stride(-1) ({dim}) is {t.stride(-1)}; expected 1: the {dim} dimension "
+                             f"must be contiguous (use {name}.contiguous())")
+    checks = (
+        ("k.shape[0] (batch)", k.shape[0], q.shape[0], "q.shape[0]"),
+        ("v.shape[0] (batch)", v.shape[0], q.shape[0], "q.shape[0]"),
+        ("v.shape[1] (seqlen_k)", v.shape[1], k.shape[1], "k.shape[1]"),
+        ("v.shape[2] (num_heads_kv)", v.shape[2], k.shape[2], "k.shape[2]"),
+        ("k.shape[3] (head_dim)", k.shape[3], q.shape[3], "q.shape[3]"),
+    )
+    for what, got, want, ref in checks:
+        if got != want:
+            raise ValueError(f"flash3: {what} is {got}; expected {want} to match {ref} (q {tuple(q.shape)}, "
+                             f"k {tuple(k.shape)}, v {tuple(v.shape)})")
+    if k.shape[2] < 1 or q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"flash3: q.shape[2] (num_heads_q) is {q.shape[2]}, which is not a multiple of k.shape[2] "
+                         f"(num_heads_kv) {k.shape[2]}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
+    d, dv = q.shape[3], v.shape[3]
+    if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
+        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v.shape[-1] "
+                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
+                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
+
+
+def _check_window(causal, window_left, window_right):
+    if window_left < -1:
+        raise ValueError(f"flash3: window_size[0] (left) is {window_left}; expected >= -1 (-1 means unbounded)")
+    if window_right < -1:
+        raise ValueError(f"flash3: window_size[1] (right) is {window_right}; expected >= -1 (-1 means unbounded)")
+    if causal and window_right > 0:
+        raise ValueError(f"flash3: window_size[1] (right) is {window_right} with causal=True; expected 0 or -1 "
+                         "(causal implies window_size[1] == 0)")
+
+
+# ---------------------------------------------------------------------------
+# Fake (meta) implementations: shapes, dtypes and strides of the real outputs (all contiguous).
+# ---------------------------------------------------------------------------
+@torch.library.register_fake("flash3::fwd")
+def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+              deterministic=False):
+    _check_forward_inputs(q, k, v)
+    _check_window(causal, window_left, window_right)
+    b, sq, hq, _ = q.shape
+    dv = v.shape[3]
+    out = q.new_empty((b, sq, hq, dv))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.register_fake("flash3::bwd")
+def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, causal=False, window_left=-1,
+              window_right=-1, softcap=0.0, deterministic=False):
+    _check_forward_inputs(q, k, v)
+    _check_window(causal, window_left, window_right)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---------------------------------------------------------------------------
+# Public API.
+# ---------------------------------------------------------------------------
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Scaled dot-product attention, FlashAttention-3 interface (positional order included).
+
+    Arguments:
+        q: (batch, seqlen_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper GPU.
+        k: (batch, seqlen_k, num_heads_kv, head_dim), same dtype and device as q.
+        v: (batch, seqlen_k, num_heads_kv, head_dim_v), same dtype and device as q.
+            Any batch / seqlen / head strides; the last dimension must have stride 1.
+            num_heads_q must be a multiple of num_heads_kv (GQA/MQA: query head h uses kv head
+            h // (num_heads_q // num_heads_kv)). (head_dim, head_dim_v) must be one this build has
+            kernels for: (64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128) by default
+            (see flash3.forward_is_built).
+        softmax_scale: scaling of q @ k^T before the softmax; None means 1 / sqrt(head_dim).
+        causal: causal mask, aligned to the bottom-right corner when seqlen_q != seqlen_k
+            (query i attends to keys j <= i + seqlen_k - seqlen_q).
+        qv, q_descale, k_descale, v_descale: FlashAttention-3 arguments flash3 does not implement
+            yet; they must be None (NotImplementedError otherwise).
+        window_size: (left, right) sliding window; query i attends to keys in
+            [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]; -1 means unbounded.
+            With causal=True, right must be 0 or -1.
+        attention_chunk: must be 0 (not implemented).
+        softcap: tanh soft-capping of the scores (s -> softcap * tanh(s / softcap)); 0 disables.
+            Not implemented yet by the kernels: a value > 0 raises NotImplementedError.
+        num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored
+            (flash3 does not split the key sequence, packs nothing and uses every SM).
+        deterministic: make the backward pass bitwise reproducible.
+        return_attn_probs: as in FlashAttention-3: also return softmax_lse (the probabilities
+            themselves are never returned).
+        return_lse: keyword-only alias of return_attn_probs.
+
+    Returns:
+        out: (batch, seqlen_q, num_heads_q, head_dim_v), dtype of q; or, when return_attn_probs or
+        return_lse is set, (out, softmax_lse) with softmax_lse (batch, num_heads_q, seqlen_q)
+        torch.float32, the natural-log logsumexp of each row of the scaled scores. Both are
+        differentiable: gradients flow to q, k, v from out and from softmax_lse.
+
+    Raises (before anything is launched):
+        ValueError: a CPU tensor, mismatched devices or shapes, a last dimension that is not
+            contiguous, an unsupported head dim, a bad window.
+        TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ.
+        NotImplementedError: a feature flash3 does not have yet (softcap, qv, FP8 descales,
+            attention_chunk; a non-Hopper GPU).
+        RuntimeError: a CUDA error.
+    """
+    if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:
+        raise NotImplementedError("flash3: qv / q_descale / k_descale / v_descale are not supported yet; "
+                                  "pass None")
+    if attention_chunk != 0:
+        raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
+    window_left, window_right = window_size
+    out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    if return_attn_probs or return_lse:
+        return out, lse
+    return out

@@ -1,0 +1,106 @@
+"""Reference attention for the flash3 tests (torch only; no flash3 import here).
+
+Layout (batch, seqlen, heads, head_dim) as flash_attn_func. Masks as flash3 / FlashAttention:
+bottom-right aligned, query i sees keys j with
+    i + sk - sq - window_left <= j <= i + sk - sq + window_right   (-1: unbounded; causal: right = 0).
+Rows that see no key give out = 0 and lse = -inf.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def allowed_mask(sq, sk, causal=False, window=(-1, -1), device="cpu"):
+    """(sq, sk) bool, True where query i may attend to key j."""
+    wl, wr = window
+    if causal:
+        wr = 0
+    i = torch.arange(sq, device=device).view(-1, 1)
+    j = torch.arange(sk, device=device).view(1, -1)
+    shift = sk - sq
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if wl >= 0:
+        ok &= j >= i + shift - wl
+    if wr >= 0:
+        ok &= j <= i + shift + wr
+    return ok
+
+
+def _expand_kv(q, k, v):
+    hq, hk = q.shape[2], k.shape[2]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=2)
+        v = v.repeat_interleave(hq // hk, dim=2)
+    return k, v
+
+
+def sdpa_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
+    """out via torch SDPA, math backend, on fp32 upcasts of q, k, v (differentiable)."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    kf, vf = _expand_kv(qf, kf, vf)
+    sq, sk = q.shape[1], k.shape[1]
+    mask = allowed_mask(sq, sk, causal, window, q.device)
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2),
+                                           attn_mask=mask, scale=softmax_scale)
+    o = o.transpose(1, 2)
+    # Rows with no visible key: 0 (as flash3). The math backend already gives 0 for them in
+    # recent torch (safe softmax); this keeps older versions NaN-free too.
+    empty = ~mask.any(dim=1)
+    if bool(empty.any()):
+        o = o.masked_fill(empty.view(1, -1, 1, 1), 0.0)
+    return o
+
+
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, upcast=True):
+    """(out, lse) by explicit math, differentiable in both outputs, NaN-free for empty rows.
+
+    upcast=True: in fp32 (the reference). upcast=False: in the inputs' dtype (the "plain
+    PyTorch in bf16/fp16" baseline whose error sets the tolerance); lse is then computed in
+    fp32 from the low-precision scores.
+    """
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    k, v = _expand_kv(q, k, v)
+    d = q.shape[-1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    sq, sk = q.shape[1], k.shape[1]
+    mask = allowed_mask(sq, sk, causal, window, q.device)
+    s = torch.einsum("bqhd,bkhd->bhqk", q * scale if not upcast else q, k)
+    if upcast:
+        s = s * scale
+    s = s.float().masked_fill(~mask, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    p = torch.exp(s - m)  # 0 where masked
+    l = p.sum(dim=-1, keepdim=True)
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), torch.log(l_safe) + m).squeeze(-1)
+    p = (p / l_safe).to(v.dtype)
+    o = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    return o.to(dtype if not upcast else torch.float32), lse
+
+
+def max_err(a, b):
+    """max |a - b| over entries where both are finite (inf/nan positions must agree)."""
+    a = a.float()
+    b = b.float()
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    assert torch.equal(fa, fb), "non-finite entries differ"
+    if not bool(fa.any()):
+        return 0.0
+    return (a[fa] - b[fa]).abs().max().item()
+
+
+def rounding_atol(ref, dtype):
+    """The dtype's rounding error at the magnitude of ref (FlashAttention's test atol idiom)."""
+    r = ref.float()
+    r = r[torch.isfinite(r)]
+    if r.numel() == 0:
+        return 0.0
+    rd = r.to(dtype)
+    return 2 * ((rd + 0.3 - 0.3) - rd).float().abs().max().item() + 1e-5
