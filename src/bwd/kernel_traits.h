@@ -2,12 +2,18 @@
 // shapes, the five tiled WGMMAs, shared-memory layouts (with the transposed
 // views the dual-orientation operands need), TMA types, shared storage.
 //
-// GEMMs per iteration (consumer warpgroup w owns keys [64w, 64w + 64)):
+// GEMMs per iteration, keys split (d <= 128; warpgroup w owns keys [64w, 64w + 64)):
 //   G1 S^T  = K Q^T      SS  A = sK (K-major)        B = sQ  (K-major)
 //   G2 dP^T = V dO^T     SS  A = sV (K-major)        B = sdO (K-major)
 //   G3 dV  += P^T dO     RS  A = P^T (registers)     B = sdO read MN-major
 //   G4 dQ   = dS K       SS  A = sdS (MN-major)      B = sK read MN-major (N split over warpgroups)
 //   G5 dK  += dS^T Q     RS  A = dS^T (registers)    B = sQ read MN-major
+// Head dim split (d > 128; 64 keys, warpgroup w owns half of the queries of
+// S^T / dP^T and half of the columns of dK / dV / dQ):
+//   G1, G2 as above on the warpgroup's queries; P^T and dS^T to shared memory;
+//   G3 dV  += P^T dO     SS  A = sP^T (K-major)      B = sdO read MN-major (N split)
+//   G5 dK  += dS^T Q     SS  A = sdS^T (K-major)     B = sQ read MN-major (N split)
+//   G4 as above.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
@@ -45,29 +51,44 @@ struct BwdTraits {
   static constexpr int kNumThreads = kNumMmaThreads + 128;
   static constexpr int kProducerRegs = kCfg.producer_regs;
   static constexpr int kConsumerRegs = kCfg.consumer_regs;
+  static constexpr bool kSplitHdim = kCfg.split_hdim;
   // dQ = dS K: the head_dim columns are split over the consumer warpgroups.
   static constexpr int kdQCols = kHeadDim / kNumMmaWG;
   static constexpr int kdQChunk = kBlockM * kdQCols;  // fp32 values per warpgroup and query block
 
-  static_assert(kBlockN == 64 * kNumMmaWG, "tile_n must be 64 x the number of consumer warpgroups");
+  static_assert(kBlockN == (kSplitHdim ? 64 : 64 * kNumMmaWG), "tile_n: 64 keys per consumer warpgroup, or 64 split");
   static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "tile_m must be 64 or 128");
-  static_assert(kHeadDim % (16 * kNumMmaWG) == 0 && kHeadDimV % 16 == 0, "unsupported head dims");
+  static_assert(kHeadDim % (16 * kNumMmaWG) == 0 && kHeadDimV % (kSplitHdim ? 16 * kNumMmaWG : 16) == 0,
+                "unsupported head dims");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
 
   using SplitM = Layout<Shape<Int<kNumMmaWG>, _1, _1>>;
   using SplitN = Layout<Shape<_1, Int<kNumMmaWG>, _1>>;
+  // S^T / dP^T: keys split (M) or queries split (N).
+  using SdPSplit = std::conditional_t<kSplitHdim, SplitN, SplitM>;
+  static constexpr int kSdPAtomN = kSplitHdim ? kBlockM / kNumMmaWG : kBlockM;
   using TiledMmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), SplitM{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kSdPAtomN>, Int<kHeadDim>>>(), SdPSplit{}));
   using TiledMmadP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDimV>>>(), SplitM{}));
-  using TiledMmadV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kSdPAtomN>, Int<kHeadDimV>>>(), SdPSplit{}));
+  using TiledMmadVRS = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockM>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       SplitM{}));
-  using TiledMmadK = decltype(make_tiled_mma(
+  using TiledMmadKRS = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       SplitM{}));
+  using TiledMmadVSS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV / kNumMmaWG>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      SplitN{}));
+  using TiledMmadKSS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kNumMmaWG>, Int<kBlockM>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      SplitN{}));
+  using TiledMmadV = std::conditional_t<kSplitHdim, TiledMmadVSS, TiledMmadVRS>;
+  using TiledMmadK = std::conditional_t<kSplitHdim, TiledMmadKSS, TiledMmadKRS>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdQCols>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
@@ -78,9 +99,13 @@ struct BwdTraits {
   // slices of kdQCols columns, so its atom is chosen from that width.
   template <GMMA::Major M, int MN, int K>
   using Atom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<M, Element, Int<MN>, Int<K>>());
-  using SmemLayoutQ = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kHeadDim>{},
+  // Q and dO are read MN-major by G5 / G3 in per-warpgroup column slices when
+  // the head dim is split (96 columns for d = 192 need the 64-byte swizzle).
+  static constexpr int kQAtomCols = kSplitHdim ? kHeadDim / kNumMmaWG : kHeadDim;
+  static constexpr int kdOAtomCols = kSplitHdim ? kHeadDimV / kNumMmaWG : kHeadDimV;
+  using SmemLayoutQ = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kQAtomCols>{},
                                              Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStagesQ>>{}));
-  using SmemLayoutdO = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kHeadDimV>{},
+  using SmemLayoutdO = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockM, kdOAtomCols>{},
                                               Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStagesdO>>{}));
   using SmemLayoutK = decltype(tile_to_shape(Atom<GMMA::Major::K, kBlockN, kdQCols>{},
                                              Shape<Int<kBlockN>, Int<kHeadDim>>{}));
@@ -97,6 +122,8 @@ struct BwdTraits {
       SmemLayoutdO{}, make_ordered_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockM>{}, Int<kStagesdO>{}), Step<_2, _1, _3>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(make_shape(Int<kHeadDim>{}, Int<kBlockN>{}), Step<_2, _1>{})));
+  // P (head-dim split only) has dS's layout; G3 reads it as P^T (keys x queries).
+  using SmemLayoutP = SmemLayoutdS;
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_ordered_layout(make_shape(Int<kBlockN>{}, Int<kBlockM>{}, Int<kStagesdS>{}), Step<_2, _1, _3>{})));
 
@@ -129,6 +156,7 @@ struct BwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> smem_do;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> smem_ds;
+    cute::array_aligned<Element, kSplitHdim ? cute::cosize_v<SmemLayoutP> : 8, 1024> smem_p;
     cute::array_aligned<float, kdQChunk * kNumMmaWG, 128> smem_dq;  // dQ staging, one chunk per warpgroup
     cute::array_aligned<float, kBlockM * kStagesQ, 128> smem_lse;
     cute::array_aligned<float, kBlockM * kStagesdO, 128> smem_dpsum;

@@ -143,6 +143,149 @@ struct BwdMainloop {
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, typename Traits::PipelineQ& pipeline_q,
                                  typename Traits::PipelinedO& pipeline_do, BwdTile tile, MBlockRange range,
                                  TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+    if constexpr (Traits::kSplitHdim) {
+      mma_split_hdim(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+    } else {
+      mma_split_keys(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+    }
+  }
+
+  // Hands this warpgroup's dQ chunk to the store warp: fragment order, 16-byte
+  // stores (a warp writes 512 contiguous bytes per instruction: no bank conflicts).
+  template <class TensordQ>
+  CUTLASS_DEVICE static void stage_dq(SharedStorage& ss, TensordQ const& tdQrdQ, int wg, int t128) {
+    float* sdq_chunk = ss.smem_dq.data() + wg * Traits::kdQChunk;
+    named_barrier_sync(128 + 32, BwdBarrier::kdQEmptyWG0, wg);
+    static_assert(decltype(size(tdQrdQ))::value * 128 == Traits::kdQChunk);
+    static_assert(decltype(size(tdQrdQ))::value % 4 == 0);
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < size(tdQrdQ); v += 4) {
+      *reinterpret_cast<float4*>(sdq_chunk + v * 128 + t128 * 4) =
+          make_float4(tdQrdQ(v), tdQrdQ(v + 1), tdQrdQ(v + 2), tdQrdQ(v + 3));
+    }
+    cutlass::arch::fence_view_async_shared();  // read next by the bulk copy (async proxy)
+    named_barrier_arrive(128 + 32, BwdBarrier::kdQFullWG0, wg);
+  }
+
+  // Head dim split (d > 128): see kernel_traits.h. Per query block:
+  //   G1 S^T, G2 dP^T on this warpgroup's queries | P^T, dS^T to shared memory |
+  //   PdS barrier | G3 dV += P^T dO, G5 dK += dS^T Q, G4 dQ = dS K on this
+  //   warpgroup's columns (all SS).
+  template <class TensordK, class TensordV>
+  CUTLASS_DEVICE static void mma_split_hdim(Params const& params, SharedStorage& ss,
+                                            typename Traits::PipelineQ& pipeline_q,
+                                            typename Traits::PipelinedO& pipeline_do, BwdTile tile,
+                                            MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+    const int wg = thread_idx / 128;
+    typename Traits::TiledMmaS mma_s;
+    typename Traits::TiledMmadP mma_dp;
+    typename Traits::TiledMmadV mma_dv;
+    typename Traits::TiledMmadK mma_dk;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_s = mma_s.get_thread_slice(thread_idx);
+    auto thr_dp = mma_dp.get_thread_slice(thread_idx);
+    auto thr_dv = mma_dv.get_thread_slice(thread_idx);
+    auto thr_dk = mma_dk.get_thread_slice(thread_idx);
+    auto thr_dq = mma_dq.get_thread_slice(thread_idx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdOt{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
+    Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutdSt{});
+
+    Tensor tSrK = thr_s.partition_fragment_A(sK);
+    Tensor tSrQ = thr_s.partition_fragment_B(sQ);
+    Tensor tdPrV = thr_dp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_dp.partition_fragment_B(sdO);
+    Tensor tdVrP = thr_dv.partition_fragment_A(sPt);     // (.., stage)
+    Tensor tdVrdO = thr_dv.partition_fragment_B(sdOt);   // (.., stage)
+    Tensor tdKrdS = thr_dk.partition_fragment_A(sdSt);   // (.., stage)
+    Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);     // (.., stage)
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+    Tensor tPsP = thr_s.partition_C(sPt);    // where this thread's P^T goes
+    Tensor tdSsdS = thr_s.partition_C(sdSt);  // where this thread's dS^T goes
+
+    Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{});
+    Tensor tScS = thr_s.partition_C(cS);
+    Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
+    constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
+    constexpr int kNRows = decltype(size<0>(tScS_rc))::value;
+
+    typename Traits::PipelineStateQ rq;
+    typename Traits::PipelineStatedO rdo;
+    const int t128 = thread_idx % 128;
+
+    ss.barrier_k.wait(0);
+    int it = 0;
+    for (int g = 0; g < params.heads_per_kv; ++g) {
+      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+        pipeline_q.consumer_wait(rq);
+        SFrag tSrS;
+        wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
+        float lse[kNCols];
+        load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
+        if (it == 0) ss.barrier_v.wait(0);
+        pipeline_do.consumer_wait(rdo);
+        dPFrag tdPrdP;
+        wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
+        float dpsum[kNCols];
+        load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
+        warpgroup_wait<1>();
+
+        Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+        if (bwd_tile_needs_mask(params.mask, m_block, tile.n_block, kBlockM, kBlockN)) {
+          mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, tile.n_block * kBlockN);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
+        }
+        const int pds_stage = it % Traits::kStagesdS;
+        store_pairs(convert_fragment<Element>(tSrS), tPsP(_, _, _, pds_stage));
+        warpgroup_wait<0>();
+        Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < kNCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dpsum[c]);
+        }
+        store_pairs(convert_fragment<Element>(tdPrdP), tdSsdS(_, _, _, pds_stage));
+        // Both warpgroups' P^T / dS^T slices visible to the async proxy before any
+        // GEMM reads the whole tiles.
+        cutlass::arch::fence_view_async_shared();
+        named_barrier_sync(Traits::kNumMmaThreads, BwdBarrier::kPdS);
+
+        wgmma_gemm<false, -1>(mma_dv, tdVrP(_, _, _, pds_stage), tdVrdO(_, _, _, rdo.index()), tdVrdV);
+        wgmma_gemm<false, -1>(mma_dk, tdKrdS(_, _, _, pds_stage), tdKrQ(_, _, _, rq.index()), tdKrdK);
+        dQFrag tdQrdQ;
+        wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, pds_stage), tdQrK, tdQrdQ);
+        warpgroup_wait<1>();  // G3 and G5 done: Q and dO stages free
+        pipeline_do.consumer_release(rdo);
+        pipeline_q.consumer_release(rq);
+        warpgroup_wait<0>();  // G4 done
+        stage_dq(ss, tdQrdQ, wg, t128);
+        ++rq;
+        ++rdo;
+      }
+    }
+  }
+
+  template <class TensordK, class TensordV>
+  CUTLASS_DEVICE static void mma_split_keys(Params const& params, SharedStorage& ss,
+                                            typename Traits::PipelineQ& pipeline_q,
+                                            typename Traits::PipelinedO& pipeline_do, BwdTile tile,
+                                            MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
     const int wg = thread_idx / 128;
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmadP mma_dp;
@@ -187,7 +330,6 @@ struct BwdMainloop {
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
-    float* sdq_chunk = ss.smem_dq.data() + wg * Traits::kdQChunk;
     const int t128 = thread_idx % 128;
 
     ss.barrier_k.wait(0);
@@ -248,17 +390,7 @@ struct BwdMainloop {
         warpgroup_wait<1>();  // G3 and G4 done: dO stage free, dQ ready
         pipeline_do.consumer_release(rdo);
 
-        // Hand dQ to the store warp: fragment order, 16-byte stores, no bank conflicts.
-        named_barrier_sync(128 + 32, BwdBarrier::kdQEmptyWG0, wg);
-        static_assert(decltype(size(tdQrdQ))::value * 128 == Traits::kdQChunk);
-        static_assert(decltype(size(tdQrdQ))::value % 4 == 0);
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < size(tdQrdQ); v += 4) {
-          *reinterpret_cast<float4*>(sdq_chunk + v * 128 + t128 * 4) =
-              make_float4(tdQrdQ(v), tdQrdQ(v + 1), tdQrdQ(v + 2), tdQrdQ(v + 3));
-        }
-        cutlass::arch::fence_view_async_shared();  // read next by the bulk copy (async proxy)
-        named_barrier_arrive(128 + 32, BwdBarrier::kdQFullWG0, wg);
+        stage_dq(ss, tdQrdQ, wg, t128);
 
         warpgroup_wait<0>();  // G5 done: Q stage free
         pipeline_q.consumer_release(rq);

@@ -57,25 +57,37 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local) {
 // WGMMA); only dS goes through shared memory, for dQ = dS K.
 struct BwdTileConfig {
   int tile_m;         // query rows per iteration
-  int tile_n;         // keys per CTA = 64 x num_mma_wg
+  int tile_n;         // keys per CTA
   int q_stages;       // Q (+ LSE) ring depth
   int do_stages;      // dO (+ D) ring depth
   int num_mma_wg;     // consumer warpgroups
   int producer_regs;  // setmaxnreg, producer warpgroup (TMA warp + dQ store warp)
   int consumer_regs;  // setmaxnreg, each consumer warpgroup
+  // false: warpgroup w owns keys [64w, 64w + 64): P^T / dS^T stay in registers
+  //        and feed dV / dK directly (tile_n = 64 x num_mma_wg).
+  // true : for large head dims, the warpgroups split head_dim (dK, dV, dQ
+  //        columns) and the queries of S^T / dP^T; P^T and dS^T go through
+  //        shared memory (tile_n = 64). Same register budget as d = 128.
+  bool split_hdim;
 };
 
-// Registers per consumer thread (d = dv = 128): dK 64 + dV 64 accumulators live
-// across the loop, S^T 32 + dP^T 32 per iteration, dQ 32 after S/dP are dead.
+// Registers per consumer thread (d = dv = 128, keys split): dK 64 + dV 64
+// accumulators live across the loop, S^T 32 + dP^T 32 per iteration, dQ 32
+// after S/dP are dead. d = 256 (head_dim split): dK 64 + dV 64, S^T 16 +
+// dP^T 16, dQ 64.
 // SMEM (d = 128): K 32 + V 32 + 2 x Q 16 + 2 x dO 16 + 2 x dS 16 + dQ staging 32 KB.
+// SMEM (d = 256): K 32 + V 32 + Q 32 + dO 32 + 2 x (P + dS) 16 + dQ staging 64 KB
+// = 224 KB: one Q / dO stage is all that fits.
 constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool /*causal_or_local*/) {
-  (void)d;
+  if (d <= 128) return {64, 128, 2, 2, 2, 24, 240, false};
+  if (d <= 192) return {64, 64, 2, 2, 2, 24, 240, true};
   (void)dv;
-  return {64, 128, 2, 2, 2, 24, 240};
+  return {64, 64, 1, 1, 2, 24, 240, true};
 }
 
 constexpr int bwd_smem_bytes(const BwdTileConfig& c, int d, int dv, int elem_bytes) {
-  return (c.tile_n * (d + dv) + c.q_stages * c.tile_m * d + c.do_stages * c.tile_m * dv + 2 * c.tile_m * c.tile_n) *
+  return (c.tile_n * (d + dv) + c.q_stages * c.tile_m * d + c.do_stages * c.tile_m * dv +
+          (c.split_hdim ? 4 : 2) * c.tile_m * c.tile_n) *
              elem_bytes +
          c.tile_m * d * 4 + (c.q_stages + c.do_stages) * c.tile_m * 4 + 1024;
 }

@@ -181,10 +181,15 @@ TEST(BwdBlockRange, MatchesForwardAndCoversVisiblePairs) {
 }
 
 TEST(TileConfig, BackwardFitsSharedMemoryAndRegisters) {
-  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}};
+  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
   for (auto& d : dims) {
     const flash3::BwdTileConfig c = flash3::bwd_tile_config(d[0], d[1], false);
-    EXPECT_EQ(c.tile_n, 64 * c.num_mma_wg);
+    SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1]);
+    EXPECT_EQ(c.tile_n, c.split_hdim ? 64 : 64 * c.num_mma_wg);
+    if (c.split_hdim) {
+      EXPECT_EQ(d[0] % (16 * c.num_mma_wg), 0);
+      EXPECT_EQ(d[1] % (16 * c.num_mma_wg), 0);
+    }
     EXPECT_EQ(c.tile_m % 64, 0);
     EXPECT_LE(flash3::bwd_smem_bytes(c, d[0], d[1], 2), 227 * 1024);
     EXPECT_LE(c.producer_regs * 128 + c.consumer_regs * 128 * c.num_mma_wg, 65536);
