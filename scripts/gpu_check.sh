@@ -53,7 +53,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 CTEST_GPU_JOBS=${CTEST_GPU_JOBS:-8}
 BENCH_ARGS=${BENCH_ARGS:-}
-SANITIZE_FILTER=${SANITIZE_FILTER:-"*bf16_d128x128_nomask_sq128_sk128_gqa8x2_b1:*bf16_d128x128_causal_sq113_sk1023_mqa4x1_b3:*fp16_d64x64_window128x0_sq1023_sk113_mha2x2_b1:*bf16_d256x256_causal_sq1000_sk1000_mha2x2_b1:*fp16_d192x128_window256x256_sq17_sk17_gqa8x2_b3:FwdGpu.EmptySeqlen*:FwdGpu.HostOrMisalignedPointerIsAnError"}
+SANITIZE_FILTER=${SANITIZE_FILTER:-"Fwd/FwdMatrix.*bf16_d128x128_nomask_sq128_sk128_gqa8x2_b1:Fwd/FwdMatrix.*bf16_d128x128_causal_sq113_sk1023_mqa4x1_b3:Fwd/FwdMatrix.*fp16_d64x64_window128x0_sq1023_sk113_mha2x2_b1:Fwd/FwdMatrix.*bf16_d256x256_causal_sq1000_sk1000_mha2x2_b1:Fwd/FwdMatrix.*fp16_d192x128_window256x256_sq17_sk17_gqa8x2_b3:FwdGpu.EmptySeqlen*:FwdGpu.HostOrMisalignedPointerIsAnError:Bwd/BwdMatrix.*bf16_d128x128_causal_sq128_sk128_gqa8x2_b1:Bwd/BwdMatrix.*bf16_d256x256_window128x0_sq17_sk17_mha2x2_b1:Bwd/BwdMatrix.*fp16_d64x64_nomask_sq113_sk1023_mqa4x1_b1:BwdGpu.EmptySeqlen*"}
 
 SUMMARY="$OUTDIR/summary.txt"
 TMPD=$(mktemp -d)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -173,6 +174,13 @@ struct Variant {
   std::string pass, dtype;
   int d = 0, dv = 0;
 };
+
+// The build's variants.txt; the environment variable FLASH3_VARIANTS_FILE
+// overrides the compiled-in path (test binaries run from another checkout).
+inline std::string variants_path(const char* compiled_in) {
+  const char* env = std::getenv("FLASH3_VARIANTS_FILE");
+  return (env != nullptr && *env != '\0') ? std::string(env) : std::string(compiled_in);
+}
 
 inline std::vector<Variant> read_variants(const std::string& path, bool* found = nullptr) {
   std::vector<Variant> out;

@@ -832,8 +832,8 @@ TEST(FwdGpu, HostOrMisalignedPointerIsAnError) {
 TEST(FwdGpu, VariantsFileMatchesIsBuilt) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   bool found = false;
-  const std::vector<tu::Variant> vars = tu::read_variants(FLASH3_VARIANTS_FILE, &found);
-  ASSERT_TRUE(found) << "cannot read " << FLASH3_VARIANTS_FILE;
+  const std::vector<tu::Variant> vars = tu::read_variants(tu::variants_path(FLASH3_VARIANTS_FILE), &found);
+  ASSERT_TRUE(found) << "cannot read " << tu::variants_path(FLASH3_VARIANTS_FILE) << " (set FLASH3_VARIANTS_FILE)";
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
     for (HeadDims h : {HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128}, HeadDims{192, 192},
                        HeadDims{256, 256}, HeadDims{192, 128}}) {
