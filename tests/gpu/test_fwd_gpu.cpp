@@ -29,6 +29,7 @@
 
 #include "flash3/flash3.h"
 #include "gpu_reference.cuh"
+#include "gpu_case.h"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
 
@@ -42,57 +43,15 @@ namespace {
 using flash3::DType;
 using flash3::TensorView;
 namespace tu = flash3::testutil;
+using namespace flash3::gputest;
 
 constexpr double kEpsO = 1e-5;
 constexpr double kEpsLse = 1e-5;
-constexpr uint16_t kPoison16 = 0xffff;       // NaN in bf16 and fp16
 constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
-constexpr int64_t kGuard = 256;              // poisoned elements after every output tensor
 
 // ---------------------------------------------------------------------------
 // Case description.
 // ---------------------------------------------------------------------------
-enum class Mask { kNone, kCausal, kWindow128_0, kWindow256_256 };
-enum class Layout { kContiguous, kPackedQKV, kPadded };
-
-struct HeadDims {
-  int d, dv;
-};
-struct Seqlens {
-  int sq, sk;
-};
-struct Heads {
-  int hq, hkv;
-};
-
-const char* mask_name(Mask m) {
-  switch (m) {
-    case Mask::kNone: return "nomask";
-    case Mask::kCausal: return "causal";
-    case Mask::kWindow128_0: return "window128x0";
-    case Mask::kWindow256_256: return "window256x256";
-  }
-  return "?";
-}
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::kContiguous: return "contiguous";
-    case Layout::kPackedQKV: return "packed_qkv";
-    case Layout::kPadded: return "padded";
-  }
-  return "?";
-}
-std::string heads_name(Heads h) {
-  const char* kind = h.hq == h.hkv ? "mha" : (h.hkv == 1 ? "mqa" : "gqa");
-  return std::string(kind) + std::to_string(h.hq) + "x" + std::to_string(h.hkv);
-}
-
-// Readable parameter values in gtest output.
-void PrintTo(Mask m, std::ostream* os) { *os << mask_name(m); }
-void PrintTo(const HeadDims& h, std::ostream* os) { *os << "d=" << h.d << " dv=" << h.dv; }
-void PrintTo(const Seqlens& s, std::ostream* os) { *os << "sq=" << s.sq << " sk=" << s.sk; }
-void PrintTo(const Heads& h, std::ostream* os) { *os << heads_name(h); }
-
 struct Case {
   DType dtype = DType::kBFloat16;
   int d = 128, dv = 128;
@@ -114,58 +73,6 @@ struct Case {
   }
 };
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-void apply_mask(Case* c, Mask m) {
-  c->causal = m == Mask::kCausal;
-  c->wl = c->wr = -1;
-  if (m == Mask::kWindow128_0) c->wl = 128, c->wr = 0;
-  if (m == Mask::kWindow256_256) c->wl = 256, c->wr = 256;
-}
-
-// ---------------------------------------------------------------------------
-// Memory layout of the (b, s, h, d) tensors, in elements.
-// ---------------------------------------------------------------------------
-struct View {
-  int64_t offset = 0;  // of element (0, 0, 0, 0) in its allocation
-  int64_t sb = 0, sr = 0, sh = 0;
-  int64_t b = 0, s = 0, h = 0, d = 0;
-  int64_t span() const {  // elements touched, counted from the allocation start
-    if (b == 0 || s == 0 || h == 0 || d == 0) return offset;
-    return offset + (b - 1) * sb + (s - 1) * sr + (h - 1) * sh + d;
-  }
-  int64_t at(int64_t ib, int64_t is, int64_t ih, int64_t ic) const {
-    return offset + ib * sb + is * sr + ih * sh + ic;
-  }
-};
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-View dense_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
-  View v;
-  v.offset = offset;
-  v.b = b, v.s = s, v.h = h, v.d = d;
-  v.sh = d;
-  v.sr = h * d;
-  v.sb = std::max<int64_t>(s, 1) * v.sr;
-  return v;
-}
-
-// Padding between heads, rows and batches (multiples of 8 elements: 16 bytes).
-View padded_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
-  View v;
-  v.offset = offset;
-  v.b = b, v.s = s, v.h = h, v.d = d;
-  v.sh = d + 8;
-  v.sr = h * v.sh + 16;
-  v.sb = std::max<int64_t>(s, 1) * v.sr + 64;
-  return v;
-}
-
 struct Plan {
   View q, k, v, o;
   int64_t in_elems = 0;   // one allocation holds q, k and v
@@ -174,67 +81,12 @@ struct Plan {
 
 Plan make_plan(const Case& c) {
   Plan p;
-  if (c.layout == Layout::kPackedQKV) {
-    // q, k, v are slices of one (b, s, 3, h, d) tensor: row stride 3*h*d.
-    const int64_t h = c.hq, d = c.d, s = c.sq;
-    for (View* v : {&p.q, &p.k, &p.v}) {
-      v->b = c.batch, v->s = s, v->h = h, v->d = d;
-      v->sh = d;
-      v->sr = 3 * h * d;
-      v->sb = std::max<int64_t>(s, 1) * v->sr;
-    }
-    p.q.offset = 0;
-    p.k.offset = h * d;
-    p.v.offset = 2 * h * d;
-    p.in_elems = std::max<int64_t>(c.batch * std::max<int64_t>(s, 1) * 3 * h * d, 8);
-    p.o = dense_view(0, c.batch, c.sq, c.hq, c.dv);
-  } else {
-    auto mk = c.layout == Layout::kPadded ? padded_view : dense_view;
-    int64_t off = 0;
-    p.q = mk(off, c.batch, c.sq, c.hq, c.d);
-    off = round_up(std::max(p.q.span(), off + 1), 128);
-    p.k = mk(off, c.batch, c.sk, c.hkv, c.d);
-    off = round_up(std::max(p.k.span(), off + 1), 128);
-    p.v = mk(off, c.batch, c.sk, c.hkv, c.dv);
-    p.in_elems = round_up(std::max(p.v.span(), off + 1), 128);
-    p.o = mk(0, c.batch, c.sq, c.hq, c.dv);
-  }
+  const QKV in = make_qkv(c.layout, c.batch, c.sq, c.sk, c.hq, c.hkv, c.d, c.dv);
+  p.q = in.q, p.k = in.k, p.v = in.v;
+  p.in_elems = in.elems;
+  p.o = c.layout == Layout::kPadded ? padded_view(0, c.batch, c.sq, c.hq, c.dv) : dense_view(0, c.batch, c.sq, c.hq, c.dv);
   p.out_elems = p.o.span() + kGuard;
   return p;
-}
-
-// Dense (b, s, h, d) doubles from a strided 16-bit host buffer.
-std::vector<double> extract(const std::vector<uint16_t>& buf, const View& v, DType dt) {
-  std::vector<double> out(size_t(v.b * v.s * v.h * v.d));
-  const int64_t rows = v.b * v.s * v.h;
-  tu::parallel_for(size_t(rows), [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) {
-      const int64_t ih = int64_t(r) % v.h, is = (int64_t(r) / v.h) % v.s, ib = int64_t(r) / (v.h * v.s);
-      const uint16_t* src = buf.data() + v.at(ib, is, ih, 0);
-      double* dst = out.data() + r * v.d;
-      for (int64_t c = 0; c < v.d; ++c) dst[c] = tu::half_bits_to_float(dt, src[c]);
-    }
-  });
-  return out;
-}
-
-std::vector<double> to_double(const std::vector<float>& x) {
-  std::vector<double> out(x.size());
-  tu::parallel_for(x.size(), [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) out[i] = x[i];
-  });
-  return out;
-}
-
-// Elements of a 16-bit allocation outside view `v` that are not the poison value.
-int64_t count_clobbered(const std::vector<uint16_t>& buf, const View& v) {
-  std::vector<uint8_t> inside(buf.size(), 0);
-  for (int64_t ib = 0; ib < v.b; ++ib)
-    for (int64_t is = 0; is < v.s; ++is)
-      for (int64_t ih = 0; ih < v.h; ++ih) std::memset(&inside[size_t(v.at(ib, is, ih, 0))], 1, size_t(v.d));
-  int64_t n = 0;
-  for (size_t i = 0; i < buf.size(); ++i) n += (!inside[i] && buf[i] != kPoison16);
-  return n;
 }
 
 // ---------------------------------------------------------------------------
@@ -330,40 +182,6 @@ flash3::gpuref::Args make_ref_args(const Case& c, const Plan& p, const void* in,
   return r;
 }
 
-// Comparison of one output with the tolerance rule, with a readable report.
-struct Verdict {
-  bool ok = false;
-  std::string text;
-  flash3::ref::CloseResult r;
-};
-
-// `where(i)` describes dense index i.
-template <class Where>
-Verdict judge(const char* what, const std::vector<double>& ours, const std::vector<double>& ref,
-              const std::vector<double>& low, double eps, Where where) {
-  Verdict v;
-  v.r = flash3::ref::check_close(ours.data(), ref.data(), low.data(), ours.size(), eps);
-  v.ok = v.r.ok;
-  std::ostringstream os;
-  os.precision(6);
-  os << what << ": err=" << v.r.err << " baseline=" << v.r.base_err << " bound=" << v.r.bound << " (2*baseline+"
-     << eps << ") nan=" << v.r.nan_count << " n=" << ours.size();
-  // Worst element (NaN counts as worst).
-  size_t worst = ours.size();
-  double worst_e = -1;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    double e;
-    if (std::isnan(ours[i])) e = std::numeric_limits<double>::infinity();
-    else if (std::isinf(ref[i])) e = ours[i] == ref[i] ? 0.0 : std::numeric_limits<double>::infinity();
-    else e = std::fabs(ours[i] - ref[i]);
-    if (e > worst_e) worst_e = e, worst = i;
-  }
-  if (worst < ours.size())
-    os << "; worst at " << where(worst) << ": ours=" << ours[worst] << " ref=" << ref[worst] << " lowp=" << low[worst];
-  v.text = os.str();
-  return v;
-}
-
 std::string where_o(const Case& c, size_t i) {
   const int64_t dv = c.dv, hq = c.hq, sq = c.sq;
   std::ostringstream os;
@@ -419,7 +237,7 @@ void check_case(const Case& c) {
   FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
 
   // Nothing written outside out's view (padding, guard) or after lse.
-  const int64_t clobbered = count_clobbered(h_out, p.o);
+  const int64_t clobbered = count_clobbered(h_out, {&p.o});
   EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
                           << " elements of the out allocation outside the (b, sq, hq, dv) view";
   int64_t lse_guard = 0;
@@ -693,7 +511,7 @@ TEST(FwdGpu, EmptySeqlenKGivesZeroAndMinusInf) {
     for (float x : h_lse) bad_lse += !(std::isinf(x) && x < 0);
     EXPECT_EQ(bad_o, 0) << "seqlen_k = 0: " << bad_o << " of " << o.size() << " out elements are not 0";
     EXPECT_EQ(bad_lse, 0) << "seqlen_k = 0: " << bad_lse << " of " << n_lse << " lse values are not -inf";
-    EXPECT_EQ(count_clobbered(h_out, b.plan.o), 0);
+    EXPECT_EQ(count_clobbered(h_out, {&b.plan.o}), 0);
   }
 }
 
