@@ -6,13 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
@@ -80,6 +84,51 @@ void apply_mask(Case* c, Mask m) {
   c->wl = c->wr = -1;
   if (m == Mask::kWindow128_0) c->wl = 128, c->wr = 0;
   if (m == Mask::kWindow256_256) c->wl = 256, c->wr = 256;
+}
+
+// ---------------------------------------------------------------------------
+// The issue matrix, shared by the forward and backward suites: 2 dtypes x 6
+// head-dim pairs x 4 masks x 7 seqlen pairs x 3 head configs x 2 batches = 2016.
+// ---------------------------------------------------------------------------
+using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
+
+inline auto issue_matrix() {
+  return ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                            ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
+                                              HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
+                            ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
+                            ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
+                                              Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),
+                            ::testing::Values(Heads{2, 2}, Heads{8, 2}, Heads{4, 1}), ::testing::Values(1, 3));
+}
+
+// Fills the matrix fields of a Case (any struct with the fields used here).
+// Strides are exercised: q/k/v as slices of a packed (b, s, 3, h, d) buffer
+// where that layout exists (MHA, sq == sk, d == dv); padded strides for the
+// other batch-3 cases. The name (prefix + parameters) seeds the inputs.
+template <class Case>
+void fill_matrix_case(Case* c, const MatrixParam& mp, const char* prefix) {
+  const auto& [dtype, hd, mask, sl, heads, batch] = mp;
+  c->dtype = dtype;
+  c->d = hd.d, c->dv = hd.dv;
+  apply_mask(c, mask);
+  c->sq = sl.sq, c->sk = sl.sk;
+  c->hq = heads.hq, c->hkv = heads.hkv;
+  c->batch = batch;
+  if (c->hq == c->hkv && c->sq == c->sk && c->d == c->dv) c->layout = Layout::kPackedQKV;
+  else if (c->batch == 3) c->layout = Layout::kPadded;
+  else c->layout = Layout::kContiguous;
+  std::ostringstream os;
+  os << prefix << tu::short_dtype(dtype) << "_d" << hd.d << "x" << hd.dv << "_" << mask_name(mask) << "_sq" << sl.sq
+     << "_sk" << sl.sk << "_" << heads_name(heads) << "_b" << batch;
+  c->name = os.str();
+  c->seed = fnv1a(c->name);
+}
+
+// FLASH3_GPU_TESTS_QUICK=1: the matrices leave out their (4096, 4096) cases.
+inline bool quick_mode() {
+  const char* q = std::getenv("FLASH3_GPU_TESTS_QUICK");
+  return q != nullptr && std::string(q) == "1";
 }
 
 // ---------------------------------------------------------------------------

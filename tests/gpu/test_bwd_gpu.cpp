@@ -490,35 +490,11 @@ bool pick_built(DType* dt, int* d, int* dv, DType prefer = DType::kBFloat16) {
 // ===========================================================================
 // The matrix (the forward issue's).
 // ===========================================================================
-using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
-
 Case matrix_case(const MatrixParam& mp) {
   Case c;
-  const auto& [dtype, hd, mask, sl, heads, batch] = mp;
-  c.dtype = dtype;
-  c.d = hd.d, c.dv = hd.dv;
-  apply_mask(&c, mask);
-  c.sq = sl.sq, c.sk = sl.sk;
-  c.hq = heads.hq, c.hkv = heads.hkv;
-  c.batch = batch;
-  // Strides as in the forward matrix: q/k/v and dq/dk/dv as slices of packed
-  // (b, s, 3, h, d) buffers where that layout exists, padded strides for the other
-  // batch-3 cases.
-  if (packable(c)) c.layout = Layout::kPackedQKV;
-  else if (c.batch == 3) c.layout = Layout::kPadded;
-  else c.layout = Layout::kContiguous;
+  fill_matrix_case(&c, mp, "bwd_");
   c.grad_layout = c.layout;
-  std::ostringstream os;
-  os << "bwd_" << tu::short_dtype(dtype) << "_d" << hd.d << "x" << hd.dv << "_" << mask_name(mask) << "_sq" << sl.sq
-     << "_sk" << sl.sk << "_" << heads_name(heads) << "_b" << batch;
-  c.name = os.str();
-  c.seed = fnv1a(c.name);
   return c;
-}
-
-bool quick_mode() {
-  const char* q = std::getenv("FLASH3_GPU_TESTS_QUICK");
-  return q != nullptr && std::string(q) == "1";
 }
 
 class BwdMatrix : public ::testing::TestWithParam<MatrixParam> {};
@@ -535,20 +511,10 @@ std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) {
   return matrix_case(info.param).name.substr(4);  // without "bwd_" (the suite says it)
 }
 
-// 2 dtypes x 6 head dims x 4 masks x 7 seqlen pairs x 3 head configs x 2 batches = 2016
-// cases; those whose kernels are not built skip. The largest (d=256, b=3, hq=8, 4096^2,
-// no mask) is ~2.5 TFLOP of reference work (6 GEMMs of 2*4096^2*256 per head, two modes):
+// The 2016-case issue matrix (gpu_case.h); cases whose kernels are not built skip. The
+// largest (d=256, b=3, hq=8, 4096^2, no mask) is ~2.5 TFLOP of reference work (6 GEMMs of 2*4096^2*256 per head, two modes):
 // well under a second on an H200.
-INSTANTIATE_TEST_SUITE_P(
-    Bwd, BwdMatrix,
-    ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
-                       ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
-                                         HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
-                       ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
-                       ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
-                                         Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),
-                       ::testing::Values(Heads{2, 2}, Heads{8, 2}, Heads{4, 1}), ::testing::Values(1, 3)),
-    matrix_name);
+INSTANTIATE_TEST_SUITE_P(Bwd, BwdMatrix, issue_matrix(), matrix_name);
 
 // ===========================================================================
 // Gradient through LSE.

@@ -287,27 +287,9 @@ bool pick_built(DType* dt, int* d, int* dv) {
 // ===========================================================================
 // The matrix.
 // ===========================================================================
-using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
-
 Case matrix_case(const MatrixParam& mp) {
   Case c;
-  const auto& [dtype, hd, mask, sl, heads, batch] = mp;
-  c.dtype = dtype;
-  c.d = hd.d, c.dv = hd.dv;
-  apply_mask(&c, mask);
-  c.sq = sl.sq, c.sk = sl.sk;
-  c.hq = heads.hq, c.hkv = heads.hkv;
-  c.batch = batch;
-  // Exercise strides: q/k/v as slices of a packed (b, s, 3, h, d) buffer where that
-  // layout exists (MHA, sq == sk, d == dv); padded strides for the other batch-3 cases.
-  if (c.hq == c.hkv && c.sq == c.sk && c.d == c.dv) c.layout = Layout::kPackedQKV;
-  else if (c.batch == 3) c.layout = Layout::kPadded;
-  else c.layout = Layout::kContiguous;
-  std::ostringstream os;
-  os << tu::short_dtype(dtype) << "_d" << hd.d << "x" << hd.dv << "_" << mask_name(mask) << "_sq" << sl.sq << "_sk"
-     << sl.sk << "_" << heads_name(heads) << "_b" << batch;
-  c.name = os.str();
-  c.seed = fnv1a(c.name);
+  fill_matrix_case(&c, mp, "");
   return c;
 }
 
@@ -317,29 +299,17 @@ TEST_P(FwdMatrix, MatchesReference) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const Case c = matrix_case(GetParam());
   FLASH3_SKIP_UNLESS_BUILT(c);
-  // FLASH3_GPU_TESTS_QUICK=1: leave out the (4096, 4096) cases (for quick iterations).
-  if (const char* q = std::getenv("FLASH3_GPU_TESTS_QUICK"); q && std::string(q) == "1" && c.sq == 4096)
-    GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4096 left out";
+  if (quick_mode() && c.sq == 4096) GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4096 left out";
   check_case(c);
 }
 
 std::string matrix_name(const ::testing::TestParamInfo<MatrixParam>& info) { return matrix_case(info.param).name; }
 
-// 2 dtypes x 6 head dims x 4 masks x 7 seqlen pairs x 3 head configs x 2 batches = 2016 cases.
-// No case is dropped (batch 3 of (4096, 4096) with hq=8 is kept): the largest case
-// (d=256, no mask) is ~1.2 TFLOP of reference work (both reference modes), and the
+// The 2016-case issue matrix (gpu_case.h). No case is dropped (batch 3 of (4096, 4096)
+// with hq=8 is kept): the largest case (d=256, no mask) is ~1.2 TFLOP of reference work (both reference modes), and the
 // whole matrix ~4e13 FLOP, i.e. seconds of GPU time; host-side checking and, under
 // ctest, one process per case dominate (a few minutes with ctest -j8).
-INSTANTIATE_TEST_SUITE_P(
-    Fwd, FwdMatrix,
-    ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
-                       ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
-                                         HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
-                       ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
-                       ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
-                                         Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),
-                       ::testing::Values(Heads{2, 2}, Heads{8, 2}, Heads{4, 1}), ::testing::Values(1, 3)),
-    matrix_name);
+INSTANTIATE_TEST_SUITE_P(Fwd, FwdMatrix, issue_matrix(), matrix_name);
 
 // ===========================================================================
 // Extra shapes outside the matrix: decode-like long keys, odd lengths.
