@@ -167,6 +167,53 @@ struct BwdMainloop {
     named_barrier_arrive(128 + 32, BwdBarrier::kdQFullWG0, wg);
   }
 
+  // Shared by both consumer layouts: G1 S^T = K Q^T and G2 dP^T = V dO^T
+  // issued back to back (async), the query statistics read meanwhile, then -
+  // once G1 is done - P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) in
+  // place (seed 7.1.3: no row max needed). G2 may still run on return.
+  template <class MmaS, class MmadP, class TK, class TQ, class TV, class TdO, class TC, class SFrag, class dPFrag,
+            int kNCols>
+  CUTLASS_DEVICE static void issue_sdp_then_p(Params const& params, SharedStorage& ss,
+                                              typename Traits::PipelineQ& pipeline_q,
+                                              typename Traits::PipelinedO& pipeline_do,
+                                              typename Traits::PipelineStateQ const& rq,
+                                              typename Traits::PipelineStatedO const& rdo, bool first, int m_block,
+                                              int n_block, MmaS& mma_s, MmadP& mma_dp, TK const& tSrK,
+                                              TQ const& tSrQ, TV const& tdPrV, TdO const& tdPrdO,
+                                              TC const& tScS_rc, SFrag& tSrS, dPFrag& tdPrdP,
+                                              float (&dpsum)[kNCols]) {
+    pipeline_q.consumer_wait(rq);
+    wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
+    float lse[kNCols];
+    load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
+    if (first) ss.barrier_v.wait(0);
+    pipeline_do.consumer_wait(rdo);
+    wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
+    load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
+    warpgroup_wait<1>();  // S^T ready; dP^T may still run
+
+    Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    if (bwd_tile_needs_mask(params.mask, m_block, n_block, kBlockM, kBlockN)) {
+      mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, n_block * kBlockN);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(s); ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
+    }
+  }
+
+  // dS^T = P^T * (dP^T - D), in place in the dP^T accumulator (p: the P^T row view).
+  template <class TP, class dPFrag, int kNCols>
+  CUTLASS_DEVICE static void ds_from_p(TP const& p, dPFrag& tdPrdP, const float (&dpsum)[kNCols]) {
+    Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(dp); ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kNCols; ++c) dp(r, c) = p(r, c) * (dp(r, c) - dpsum[c]);
+    }
+  }
+
   // Head dim split (d > 128): see kernel_traits.h. Per query block:
   //   G1 S^T, G2 dP^T on this warpgroup's queries | P^T, dS^T to shared memory |
   //   PdS barrier | G3 dV += P^T dO, G5 dK += dS^T Q, G4 dQ = dS K on this
@@ -219,7 +266,6 @@ struct BwdMainloop {
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
     constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
-    constexpr int kNRows = decltype(size<0>(tScS_rc))::value;
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
@@ -229,37 +275,16 @@ struct BwdMainloop {
     int it = 0;
     for (int g = 0; g < params.heads_per_kv; ++g) {
       for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
-        pipeline_q.consumer_wait(rq);
         SFrag tSrS;
-        wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
-        float lse[kNCols];
-        load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
-        if (it == 0) ss.barrier_v.wait(0);
-        pipeline_do.consumer_wait(rdo);
         dPFrag tdPrdP;
-        wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
         float dpsum[kNCols];
-        load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
-        warpgroup_wait<1>();
-
+        issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, dpsum);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-        if (bwd_tile_needs_mask(params.mask, m_block, tile.n_block, kBlockM, kBlockN)) {
-          mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, tile.n_block * kBlockN);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kNRows; ++r) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
-        }
         const int pds_stage = it % Traits::kStagesdS;
         store_pairs(convert_fragment<Element>(tSrS), tPsP(_, _, _, pds_stage));
         warpgroup_wait<0>();
-        Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kNRows; ++r) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < kNCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dpsum[c]);
-        }
+        ds_from_p(s, tdPrdP, dpsum);
         store_pairs(convert_fragment<Element>(tdPrdP), tdSsdS(_, _, _, pds_stage));
         // Both warpgroups' P^T / dS^T slices visible to the async proxy before any
         // GEMM reads the whole tiles.
@@ -326,7 +351,6 @@ struct BwdMainloop {
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
     constexpr int kNCols = decltype(size<1>(tScS_rc))::value;  // query columns this thread holds
-    constexpr int kNRows = decltype(size<0>(tScS_rc))::value;
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
@@ -336,44 +360,20 @@ struct BwdMainloop {
     int it = 0;
     for (int g = 0; g < params.heads_per_kv; ++g) {
       for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
-        // G1: S^T = K Q^T.
-        pipeline_q.consumer_wait(rq);
+        // G1 S^T, G2 dP^T; P^T from S^T while G2 runs.
         SFrag tSrS;
-        wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
-        float lse[kNCols];
-        load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
-        // G2: dP^T = V dO^T.
-        if (it == 0) ss.barrier_v.wait(0);
-        pipeline_do.consumer_wait(rdo);
         dPFrag tdPrdP;
-        wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
         float dpsum[kNCols];
-        load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
-        warpgroup_wait<1>();  // S^T ready; dP^T may still run
-
-        // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) (seed 7.1.3: no row max needed).
+        issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, dpsum);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-        if (bwd_tile_needs_mask(params.mask, m_block, tile.n_block, kBlockM, kBlockN)) {
-          mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, tile.n_block * kBlockN);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kNRows; ++r) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
-        }
         Tensor rP = convert_fragment<Element>(tSrS);
         Tensor tdVrP = make_tensor(rP.data(), acc_to_operand_a(rP.layout()));
         // G3: dV += P^T dO (P^T straight from registers).
         wgmma_gemm<false, -1>(mma_dv, tdVrP, tdVrdO(_, _, _, rdo.index()), tdVrdV);
         warpgroup_wait<1>();  // dP^T ready; G3 may still run
 
-        // dS^T = P^T * (dP^T - D).
-        Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kNRows; ++r) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < kNCols; ++c) dp(r, c) = s(r, c) * (dp(r, c) - dpsum[c]);
-        }
+        ds_from_p(s, tdPrdP, dpsum);  // dS^T = P^T * (dP^T - D)
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
         store_pairs(rdS, tdSsdS(_, _, _, ds_stage));
