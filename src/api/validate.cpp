@@ -384,7 +384,9 @@ bool forward_is_empty(const ForwardArgs& args) {
 
 bool backward_is_empty(const BackwardArgs& args) {
   if (is_varlen(args.opts)) return args.q.shape[0] == 0;
-  return args.q.shape[0] == 0 || args.q.shape[1] == 0;
+  // Without query rows dK = dV = 0 must still be written (and without keys
+  // dQ = 0): only a problem with neither has nothing to compute.
+  return args.q.shape[0] == 0 || (args.q.shape[1] == 0 && args.k.shape[1] == 0);
 }
 
 // ---------------------------------------------------------------------------

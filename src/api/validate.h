@@ -4,8 +4,8 @@
 // in order:
 //   1. structural checks (options, presence, ndim, sizes, dtypes, head dims,
 //      shapes, strides, alignment, 32-bit offsets)       -> kInvalidArgument / kNotSupported (fp8)
-//   2. an empty problem (batch == 0 or seqlen_q == 0) stops here: it is valid
-//      and needs neither a kernel nor a device
+//   2. an empty problem (forward_is_empty / backward_is_empty) stops here: it is
+//      valid and needs neither a kernel nor a device
 //   3. kernel availability for (dtype, head_dim, head_dim_v) -> kNotSupported
 //   4. device checks (pointer kinds, current device is sm_90), skipped when the
 //      environment variable FLASH3_SKIP_DEVICE_CHECK=1     -> kInvalidArgument / kCudaError / kNotSupported
@@ -25,8 +25,9 @@ bool device_check_skipped();
 Status check_forward_structure(const ForwardArgs& args);
 Status check_backward_structure(const BackwardArgs& args);
 
-// Whether the (structurally valid) problem has no query rows: batch == 0 or
-// seqlen_q == 0 (varlen: total_q == 0).
+// Whether the (structurally valid) problem has nothing to compute. Forward:
+// batch == 0 or seqlen_q == 0 (varlen: total_q == 0). Backward: batch == 0 or
+// seqlen_q == seqlen_k == 0 (dK / dV are zeroed when only seqlen_q is 0).
 bool forward_is_empty(const ForwardArgs& args);
 bool backward_is_empty(const BackwardArgs& args);
 

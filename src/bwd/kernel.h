@@ -11,6 +11,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "bwd/epilogue.h"
+#include "common/cute_utils.h"
 #include "bwd/kernel_traits.h"
 #include "bwd/mainloop.h"
 
@@ -51,20 +52,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     ss.barrier_k.init(1);
     ss.barrier_v.init(1);
   }
-  typename Traits::PipelineQ::Params pq;
-  pq.role = warp_group_idx == 0 ? Traits::PipelineQ::ThreadCategory::Producer
-                                : Traits::PipelineQ::ThreadCategory::Consumer;
-  pq.is_leader = threadIdx.x == 0;
-  pq.num_consumers = Traits::kNumMmaThreads;
-  pq.transaction_bytes = Traits::kTmaBytesQ;
-  typename Traits::PipelineQ pipeline_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
-  typename Traits::PipelinedO::Params pdo;
-  pdo.role = warp_group_idx == 0 ? Traits::PipelinedO::ThreadCategory::Producer
-                                 : Traits::PipelinedO::ThreadCategory::Consumer;
-  pdo.is_leader = threadIdx.x == 0;
-  pdo.num_consumers = Traits::kNumMmaThreads;
-  pdo.transaction_bytes = Traits::kTmaBytesdO;
-  typename Traits::PipelinedO pipeline_do(ss.pipeline_do, pdo, Shape<_1, _1, _1>{});
+  const bool producer = warp_group_idx == 0;
+  typename Traits::PipelineQ pipeline_q(
+      ss.pipeline_q,
+      tma_pipeline_params<typename Traits::PipelineQ>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesQ),
+      Shape<_1, _1, _1>{});
+  typename Traits::PipelinedO pipeline_do(
+      ss.pipeline_do,
+      tma_pipeline_params<typename Traits::PipelinedO>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesdO),
+      Shape<_1, _1, _1>{});
   __syncthreads();  // barrier initialisation visible to every thread
 
   const BwdTile tile = BwdScheduler::tile(kLpt, params.heads_kv);

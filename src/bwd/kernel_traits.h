@@ -183,7 +183,7 @@ struct BwdTraits {
     int64_t dk_row_stride, dk_head_stride, dk_batch_stride;
     int64_t dv_row_stride, dv_head_stride, dv_batch_stride;
     MaskSpec mask;
-    int heads_q, heads_kv, heads_per_kv, num_m_blocks, num_n_blocks, seqlen_q_pad;
+    int heads_q, heads_kv, heads_per_kv, num_m_blocks, seqlen_q_pad;
     float softmax_scale, softmax_scale_log2;
     bool deterministic;
   };

@@ -5,6 +5,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
 
 namespace flash3 {
 using namespace cute;
@@ -65,6 +66,20 @@ CUTLASS_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
   *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
       convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
   return dst;
+}
+
+// Params of a single-CTA PipelineTmaAsync as every kernel here uses it:
+// warpgroup 0 produces (thread 0 is the leader that arms each full barrier
+// with the stage's TMA bytes); every consumer thread arrives on the empty
+// barriers when it releases a stage.
+template <class Pipeline>
+CUTLASS_DEVICE typename Pipeline::Params tma_pipeline_params(bool is_producer, int num_consumers, uint32_t bytes) {
+  typename Pipeline::Params p;
+  p.role = is_producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  p.is_leader = threadIdx.x == 0;
+  p.num_consumers = num_consumers;
+  p.transaction_bytes = bytes;
+  return p;
 }
 
 // The 4 threads of a quad share a row of the SM90 accumulator.

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/block_info.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -61,6 +62,17 @@ struct FwdParams {
 
 // Lowers validated args. Only call after validate_forward() succeeded.
 FwdParams make_fwd_params(const ForwardArgs& args);
+
+// The kernels' view of the mask (shared by forward and backward launches):
+// causal is a right bound of 0 with the left unbounded.
+inline MaskSpec make_mask_spec(const FwdParams& p) {
+  MaskSpec m;
+  m.seqlen_q = p.seqlen_q;
+  m.seqlen_k = p.seqlen_k;
+  m.window_left = p.is_local ? p.window_left : -1;
+  m.window_right = p.is_causal ? 0 : (p.is_local ? p.window_right : -1);
+  return m;
+}
 
 // Backward: the forward's problem description (q/k/v/o, shapes, strides, scale,
 // mask) plus the gradients, the statistics and the scratch buffers.

@@ -7,6 +7,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "common/cute_utils.h"
 #include "fwd/epilogue.h"
 #include "fwd/kernel_traits.h"
 #include "fwd/mainloop.h"
@@ -36,15 +37,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   // Full barriers expect the stage's TMA bytes; empty barriers count every
   // consumer thread (cluster of 1: each consumer thread arrives on release).
-  typename MainloopPipeline::Params pipe_params;
-  pipe_params.role = warp_group_idx == 0 ? MainloopPipeline::ThreadCategory::Producer
-                                         : MainloopPipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = threadIdx.x == 0;
-  pipe_params.num_consumers = Traits::kNumMmaThreads;
-  pipe_params.transaction_bytes = Traits::kTmaBytesK;
-  MainloopPipeline pipeline_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
-  pipe_params.transaction_bytes = Traits::kTmaBytesV;
-  MainloopPipeline pipeline_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  const bool producer = warp_group_idx == 0;
+  MainloopPipeline pipeline_k(
+      ss.pipeline_k, tma_pipeline_params<MainloopPipeline>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesK),
+      Shape<_1, _1, _1>{});
+  MainloopPipeline pipeline_v(
+      ss.pipeline_v, tma_pipeline_params<MainloopPipeline>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesV),
+      Shape<_1, _1, _1>{});
   // Barrier initialisation must be visible to every thread before first use.
   __syncthreads();
 

@@ -57,15 +57,11 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStre
   kp.dv_row_stride = p.dv_row_stride;
   kp.dv_head_stride = p.dv_head_stride;
   kp.dv_batch_stride = p.dv_batch_stride;
-  kp.mask.seqlen_q = p.seqlen_q;
-  kp.mask.seqlen_k = p.seqlen_k;
-  kp.mask.window_left = p.is_local ? p.window_left : -1;
-  kp.mask.window_right = p.is_causal ? 0 : (p.is_local ? p.window_right : -1);
+  kp.mask = make_mask_spec(p);
   kp.heads_q = p.heads_q;
   kp.heads_kv = p.heads_kv;
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = w.num_m_blocks;
-  kp.num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   kp.seqlen_q_pad = w.seqlen_q_pad;
   kp.softmax_scale = p.softmax_scale;
   kp.softmax_scale_log2 = p.softmax_scale_log2;
@@ -74,7 +70,7 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStre
   auto kernel = flash_bwd_kernel<Traits, kLpt>;
   constexpr int smem = Traits::kSmemBytes;
   FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid = BwdScheduler::grid(kLpt, kp.num_n_blocks, p.heads_kv, p.batch);
+  const dim3 grid = BwdScheduler::grid(kLpt, (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.heads_kv, p.batch);
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
   return check_last_launch("flash3 backward kernel launch");
 }

@@ -63,10 +63,7 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   kp.lse = p.lse;
   kp.lse_batch_stride = p.lse_batch_stride;
   kp.lse_head_stride = p.lse_head_stride;
-  kp.mask.seqlen_q = p.seqlen_q;
-  kp.mask.seqlen_k = p.seqlen_k;
-  kp.mask.window_left = p.is_local ? p.window_left : -1;
-  kp.mask.window_right = p.is_causal ? 0 : (p.is_local ? p.window_right : -1);
+  kp.mask = make_mask_spec(p);
   kp.heads_q = p.heads_q;
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
