@@ -127,6 +127,16 @@ struct BwdTraits {
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_ordered_layout(make_shape(Int<kBlockN>{}, Int<kBlockM>{}, Int<kStagesdS>{}), Step<_2, _1, _3>{})));
 
+  // Byte offset of sdS(query, key, stage) (and of sP, same layout): the 128-byte
+  // swizzle that the smem tensor applies to its pointer, here on a 32-bit
+  // offset so the consumers can store with st.shared (unit test:
+  // tests/unit/test_bwd_smem_offsets.cu).
+  CUTLASS_HOST_DEVICE static uint32_t ds_byte_offset(int query, int key, int stage) {
+    constexpr auto swizzle = get_swizzle_portion(SmemLayoutdS{});
+    constexpr auto linear = get_nonswizzle_portion(SmemLayoutdS{});
+    return swizzle(uint32_t(linear(query, key, stage)) * uint32_t(sizeof(Element)));
+  }
+
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;
   using GmemTensorIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}));

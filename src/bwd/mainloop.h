@@ -152,6 +152,8 @@ struct BwdMainloop {
 
   // Hands this warpgroup's dQ chunk to the store warp: fragment order, 16-byte
   // stores (a warp writes 512 contiguous bytes per instruction: no bank conflicts).
+  // (Deferring the fence until after G5's wait, so the stores land meanwhile,
+  // measured no change on 2026-11-30.)
   template <class TensordQ>
   CUTLASS_DEVICE static void stage_dq(SharedStorage& ss, TensordQ const& tdQrdQ, int wg, int t128) {
     float* sdq_chunk = ss.smem_dq.data() + wg * Traits::kdQChunk;
@@ -256,12 +258,12 @@ struct BwdMainloop {
     Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);     // (.., stage)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-    Tensor tPsP = thr_s.partition_C(sPt);    // where this thread's P^T goes
-    Tensor tdSsdS = thr_s.partition_C(sdSt);  // where this thread's dS^T goes
 
     Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tScS = thr_s.partition_C(cS);
     Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    const uint32_t smem_ds = cute::cast_smem_ptr_to_uint(ss.smem_ds.data());
+    const uint32_t smem_p = cute::cast_smem_ptr_to_uint(ss.smem_p.data());
     using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
@@ -282,10 +284,10 @@ struct BwdMainloop {
                          tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, dpsum);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         const int pds_stage = it % Traits::kStagesdS;
-        store_pairs(convert_fragment<Element>(tSrS), tPsP(_, _, _, pds_stage));
+        store_pairs(convert_fragment<Element>(tSrS), tScS, smem_p, pds_stage);
         warpgroup_wait<0>();
         ds_from_p(s, tdPrdP, dpsum);
-        store_pairs(convert_fragment<Element>(tdPrdP), tdSsdS(_, _, _, pds_stage));
+        store_pairs(convert_fragment<Element>(tdPrdP), tScS, smem_ds, pds_stage);
         // Both warpgroups' P^T / dS^T slices visible to the async proxy before any
         // GEMM reads the whole tiles.
         cutlass::arch::fence_view_async_shared();
@@ -331,7 +333,6 @@ struct BwdMainloop {
     Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
     Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
     Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
-    Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
 
     Tensor tSrK = thr_s.partition_fragment_A(sK);
     Tensor tSrQ = thr_s.partition_fragment_B(sQ);
@@ -341,12 +342,12 @@ struct BwdMainloop {
     Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-    Tensor tdSsdS = thr_s.partition_C(sdSt);  // (MMA, MMA_M, MMA_N, stage): where this thread's dS^T goes
 
     // (key, query) coordinates of this thread's S^T / dP^T accumulator entries.
     Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{});
     Tensor tScS = thr_s.partition_C(cS);
     Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    const uint32_t smem_ds = cute::cast_smem_ptr_to_uint(ss.smem_ds.data());
     using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
@@ -376,7 +377,7 @@ struct BwdMainloop {
         ds_from_p(s, tdPrdP, dpsum);  // dS^T = P^T * (dP^T - D)
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
-        store_pairs(rdS, tdSsdS(_, _, _, ds_stage));
+        store_pairs(rdS, tScS, smem_ds, ds_stage);
         // Generic-proxy stores must be visible to the WGMMA (async proxy) reads,
         // and the other warpgroup's slice must be complete: fence, then barrier.
         cutlass::arch::fence_view_async_shared();
@@ -414,19 +415,41 @@ struct BwdMainloop {
     }
   }
 
-  // dS^T fragment -> shared memory, 32 bits at a time: fragment elements 2i and
-  // 2i+1 are adjacent queries of one key, which are adjacent (and 4-byte
-  // aligned) in the query-contiguous dS tile; the 128-byte swizzle permutes
-  // 16-byte chunks only, so it never splits a pair.
-  template <class TensorR, class TensorS>
-  CUTLASS_DEVICE static void store_pairs(TensorR const& r, TensorS&& s) {
-    static_assert(decltype(size<0, 0>(r))::value == 2);
+  // P^T / dS^T fragment -> shared memory (sP / sdS, query-contiguous) with
+  // stmatrix: each x4 store writes four 8x8 (key x query) blocks of the warp's
+  // accumulator rows; lane l gives the 16-byte row address of block l / 8,
+  // row l % 8. Fragment pairs 4i .. 4i+3 are exactly the blocks (keys +0 / +8)
+  // x (queries 16i + 0 / + 8) of the m64nN accumulator, so no shuffling.
+  // Explicit 32-bit shared addresses: indexing the swizzled smem tensor made
+  // nvcc build 64-bit generic addresses (ST.E, IMAD.X chains and spills in the
+  // d = 128 loop's SASS, 2026-11-30).
+  template <class TensorR, class TensorC>
+  CUTLASS_DEVICE static void store_pairs(TensorR const& r, TensorC const& tScS, uint32_t smem_base, int stage) {
+    static_assert(decltype(size<0, 0>(r))::value == 2 && decltype(size<0, 1>(r))::value == 2);
+    static_assert(decltype(size<1>(r))::value == 1 && decltype(size<2>(r))::value == 1, "one atom per warpgroup");
+    static_assert(decltype(size(r))::value == decltype(size(tScS))::value);
+    constexpr int kPairs = decltype(size(r))::value / 2;
+    static_assert(kPairs % 4 == 0, "stmatrix.x4 needs an even number of 8-query blocks");
+    const int lane = threadIdx.x % 32;
+    // This warp's first key and first query (thread (lane) holds key +lane/4, query +2*(lane%4)).
+    const int key0 = get<0>(tScS(0)) - lane / 4;
+    const int q0 = get<1>(tScS(0)) - 2 * (lane % 4);
+    const int my_key = key0 + lane % 8 + 8 * ((lane / 8) % 2);
+    const int my_q = q0 + 8 * (lane / 16);
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(r); i += 2) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = r(i);
-      pair[1] = r(i + 1);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(&s(i)) = pair;
+    for (int i = 0; i < kPairs / 4; ++i) {
+      uint32_t v[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = r(8 * i + 2 * j);
+        pair[1] = r(8 * i + 2 * j + 1);
+        v[j] = reinterpret_cast<uint32_t const&>(pair);
+      }
+      const uint32_t addr = smem_base + Traits::ds_byte_offset(my_q + 16 * i, my_key, stage);
+      asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
+                   "r"(v[1]), "r"(v[2]), "r"(v[3])
+                   : "memory");
     }
   }
 

@@ -22,7 +22,7 @@ enum class FwdSchedule : int {
   // bf16 d=64 variants
   kD64Stages3 = 8,
   kD64NoPingpong = 9,
-  kD64TileN128 = 10,
+  kD64TwoWarpgroups = 10,  // the 2-warpgroup tiles (default before 2026-11-30): 128x192 unmasked, 128x128 causal
   kD64CausalTileN192 = 11,
   // Every build: causal/local tile order (default: grouped longest-first).
   kNoLpt = 12,      // plain m_block-fastest order

@@ -5,6 +5,18 @@
 // tile_m x dv x 4 bytes spread over the consumer threads).
 #pragma once
 
+// Ablation knobs (-D on the CUDA flags; docs/performance.md, 2026-11-30):
+// FLASH3_D64_3WG_LOCAL: the 3-warpgroup d = 64 forward tile for sliding windows too.
+// FLASH3_D64_EXP2_EMU=k: every k-th exp2 of the d = 64 forward softmax on the FMA
+// pipe; off because it measured no gain (k = 8) or a loss (k = 4): the d = 64
+// softmax is latency-bound, not MUFU-bound.
+#ifndef FLASH3_D64_3WG_LOCAL
+#define FLASH3_D64_3WG_LOCAL 0
+#endif
+#ifndef FLASH3_D64_EXP2_EMU
+#define FLASH3_D64_EXP2_EMU 0
+#endif
+
 namespace flash3 {
 
 struct FwdTileConfig {
@@ -17,6 +29,7 @@ struct FwdTileConfig {
   bool mma_pv_is_rs;     // P read from registers by the PV WGMMA
   int producer_regs;     // setmaxnreg for the producer warpgroup
   int consumer_regs;     // setmaxnreg for each consumer warpgroup
+  int exp2_emu_every = 0;  // > 0: every k-th score's exp2 on the FMA pipe (OnlineSoftmax::exp2_fma)
 };
 
 constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
@@ -24,14 +37,22 @@ constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_byt
 }
 
 // causal_or_local: masked problems prefer square-ish tiles (less wasted work on
-// the diagonal). Register budgets from the seed (Listing 5.1):
+// the diagonal); local: a sliding window (left bound), a subset of those. Register budgets from the seed (Listing 5.1):
 // {1 WG: 256/56, 2 WG: 240/24, 3 WG: 160/32}.
-constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local) {
+constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false) {
   if (d <= 64) {
-    // The seed's 3-warpgroup 192-row tile needs 160 registers per consumer
-    // thread; with the overlapped S(j+1)/P(j) fragments it spilled here, so two
-    // warpgroups with a wide KV block for now.
-    return {128, causal_or_local ? 128 : 192, 2, 2, true, true, true, 24, 240};
+    // Three consumer warpgroups (seed Table 4.1): at d = 64 a warpgroup's
+    // softmax (64 exp2 per thread per block, plus the max/sum chains) is as long
+    // as its two GEMMs, so two other warpgroups' GEMMs hide it better than one.
+    // 160 registers: S 64 + P 32 + O 32 per thread; a 192-key block does not
+    // fit. Measured (bf16, 2026-11-30, docs/performance.md): +5 to +10% over the
+    // 2-warpgroup tiles at 4k-16k, unmasked and causal. The sliding-window
+    // kernel spills 324 bytes at 160 registers and was not benchmarked, so it
+    // keeps two warpgroups at 240 (FLASH3_D64_3WG_LOCAL builds it with three).
+    if (!local || FLASH3_D64_3WG_LOCAL) {
+      return {192, 128, 2, 3, true, true, true, 32, 160, FLASH3_D64_EXP2_EMU};
+    }
+    return {128, 128, 2, 2, true, true, true, 24, 240, FLASH3_D64_EXP2_EMU};
   }
   // tile_n is a multiple of 64 everywhere: measured on H200 (bf16 d=128, 8k,
   // non-causal), tile_n 176 and 144 ran at ~500 TFLOP/s against 719 for 128 and

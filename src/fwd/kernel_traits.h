@@ -12,9 +12,9 @@ namespace flash3 {
 using namespace cute;
 
 // A tile-config "value type": Cfg::value is the FwdTileConfig to build.
-template <int D, int DV, bool kCausalOrLocal>
+template <int D, int DV, bool kCausalOrLocal, bool kLocal = false>
 struct DefaultFwdConfig {
-  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal);
+  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal);
 };
 
 template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
@@ -32,6 +32,7 @@ struct FwdTraits {
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
   static constexpr bool kIntraWGOverlap = kCfg.intra_wg_overlap;
   static constexpr bool kPingpong = kCfg.pingpong && kNumMmaWG >= 2;
+  static constexpr int kExp2EmuEvery = kCfg.exp2_emu_every;
   // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,
   // so ALU writes to the large O accumulator never race the WGMMA (seed 4.5).
   static constexpr bool kRescaleOBeforeGemm = kHeadDimV > 128 && kIntraWGOverlap;

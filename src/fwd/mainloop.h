@@ -172,7 +172,7 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read);
       mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, params, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
-      softmax.template step<true>(s, row_scale);
+      softmax.template step<true, Traits::kExp2EmuEvery>(s, row_scale);
       if constexpr (Traits::kIntraWGOverlap) {
         to_p(tSrS);
       } else {
@@ -205,7 +205,7 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        softmax.template step<false>(s, row_scale);
+        softmax.template step<false, Traits::kExp2EmuEvery>(s, row_scale);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
         pipeline_v.consumer_release(read_v);
         to_p(tSrS);
@@ -223,7 +223,7 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        softmax.template step<false>(s, row_scale);
+        softmax.template step<false, Traits::kExp2EmuEvery>(s, row_scale);
         Tensor o = rowcol(tOrO);
         OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         to_p(tSrS);

@@ -101,7 +101,7 @@ Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream);
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
-  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal>;
+  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>;
   return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Scheduler>(p, stream);
 }
 

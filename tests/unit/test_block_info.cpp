@@ -117,9 +117,9 @@ TEST(BlockRange, FloorAndCeilDivOnNegatives) {
 TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {
   const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
   for (auto& d : dims) {
-    for (bool masked : {false, true}) {
-      const flash3::FwdTileConfig c = flash3::fwd_tile_config(d[0], d[1], masked);
-      SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1] << " masked=" << masked);
+    for (int mask : {0, 1, 2}) {  // none, causal, local
+      const flash3::FwdTileConfig c = flash3::fwd_tile_config(d[0], d[1], mask > 0, mask == 2);
+      SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1] << " mask=" << mask);
       EXPECT_EQ(c.tile_m, 64 * c.num_mma_wg);
       EXPECT_EQ(c.tile_n % 16, 0);
       EXPECT_LE(flash3::fwd_smem_bytes(c, d[0], d[1], 2), 227 * 1024);
