@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A/B timing of several flash3 builds (and cuDNN) in one process, interleaved.
+
+Run-to-run spread on the H200 is a few percent between processes (clocks, L2
+state), which is as large as the effects being measured when a tile size or a
+schedule changes. This tool loads every library given with --lib (ctypes handles
+of the same C ABI, symbols kept local to each), and for each shape times them
+round-robin: --rounds rounds, each timing every contender for --iters runs
+(median of CUDA-event timings; the order rotates from round to round), so slow
+drifts and warm-up effects hit all contenders alike. The
+reported number per contender is the median over rounds; the spread column is
+(max - min) / median over the rounds.
+
+  python3 bench/ab.py --lib A=build/libflash3.so --lib B=build-x/libflash3.so \\
+      --hdims 128 --seqlens 8k,16k --causal both --passes fwd
+
+Shapes as in bench.py (16k tokens, hidden 2048). No correctness check here:
+run bench.py (which checks every row) for the numbers that are reported.
+"""
+import argparse
+import ctypes
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (the C ABI mirror and the timing helper)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", action="append", required=True, help="NAME=path/to/libflash3.so (repeatable)")
+    ap.add_argument("--hdims", default="128")
+    ap.add_argument("--seqlens", default="8k")
+    ap.add_argument("--causal", default="both", choices=["on", "off", "both"])
+    ap.add_argument("--passes", default="fwd", help="fwd, bwd or fwd,bwd")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--no-cudnn", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("ab.py: needs a Hopper (sm_90) GPU")
+        sys.exit(2)
+    libs = []
+    for spec in args.lib:
+        name, _, path = spec.partition("=")
+        libs.append((name, bench.Flash3Lib(path)))
+    P = ctypes.byref
+    stream = torch.cuda.current_stream().cuda_stream
+    dt = bench.FLASH3_BF16
+    names = [n for n, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
+    print("| hdim | seqlen | causal | pass | " + " | ".join(f"{n} TFLOP/s (spread)" for n in names) +
+          " | " + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
+    print("|" + "---:|" * (4 + 2 * len(names) - 1))
+    for hdim in bench.parse_list(args.hdims, int):
+        for seqlen in bench.parse_list(args.seqlens, bench.parse_len):
+            b, h = max(1, args.tokens // seqlen), max(1, args.hidden // hdim)
+            torch.manual_seed(7 + hdim + seqlen)
+            q, k, v = (torch.randn((b, seqlen, h, hdim), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out, dout = torch.empty_like(q), torch.randn_like(q)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            lse = torch.empty((b, h, seqlen), device="cuda", dtype=torch.float32)
+            T = {n: bench.f3_tensor(t, dt) for n, t in dict(q=q, k=k, v=v, o=out, do=dout, dq=dq, dk=dk, dv=dv).items()}
+            tl = bench.f3_tensor(lse, bench.FLASH3_FP32)
+            scale = 1.0 / math.sqrt(hdim)
+            for causal in {"on": [True], "off": [False], "both": [False, True]}[args.causal]:
+                for pss in bench.parse_list(args.passes, str):
+                    fns = {}
+                    for name, lib in libs:
+                        opts = lib.lib.flash3_default_options()
+                        opts.softmax_scale, opts.causal = scale, int(causal)
+                        fwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(tl), P(opts), ctypes.c_void_p(stream))
+                        if pss == "fwd":
+                            fns[name] = (lambda lib=lib, a=fwd: lib.lib.flash3_forward(*a))
+                        else:
+                            ws_bytes = lib.lib.flash3_backward_workspace_size(P(T["q"]), P(T["k"]), P(T["v"]), P(opts))
+                            ws = torch.empty(max(int(ws_bytes), 1), device="cuda", dtype=torch.uint8)
+                            bwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(T["do"]), P(tl), None, P(T["dq"]),
+                                   P(T["dk"]), P(T["dv"]), P(opts), ctypes.c_void_p(ws.data_ptr()),
+                                   ctypes.c_size_t(ws_bytes), ctypes.c_void_p(stream))
+                            lib.lib.flash3_forward(*fwd)
+                            fns[name] = (lambda lib=lib, a=bwd, ws=ws: lib.lib.flash3_backward(*a))
+                        if fns[name]() != bench.FLASH3_OK:
+                            raise SystemExit(f"{name}: {lib.last_error()}")
+                    if not args.no_cudnn:
+                        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                        if pss == "fwd":
+                            def cud():
+                                with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+                        else:
+                            qg, kg, vg = (t.detach().requires_grad_(True) for t in (qt, kt, vt))
+                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale)
+                            dog = torch.randn_like(og)
+
+                            def cud(og=og, dog=dog, g=(qg, kg, vg)):
+                                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                    return torch.autograd.grad(og, g, dog, retain_graph=True)
+                        fns["cuDNN"] = cud
+                    times = {n: [] for n in names}
+                    for rnd in range(args.rounds):
+                        # Rotate who goes first: the first contender after a pause
+                        # otherwise meets lower clocks every round.
+                        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+                            times[n].append(bench.time_cuda(torch, fns[n], args.iters, 10, budget_s=2.0))
+                    flops = bench.fwd_flops(b, h, seqlen, seqlen, hdim, causal) * (1.0 if pss == "fwd" else 2.5)
+                    tf = {n: flops / (statistics.median(times[n]) * 1e-3) / 1e12 for n in names}
+                    spread = {n: (max(times[n]) - min(times[n])) / statistics.median(times[n]) for n in names}
+                    print(f"| {hdim} | {bench.fmt_len(seqlen)} | {'yes' if causal else 'no'} | {pss} | " +
+                          " | ".join(f"{tf[n]:.1f} ({100 * spread[n]:.0f}%)" for n in names) + " | " +
+                          " | ".join(f"{tf[n] / tf[names[0]]:.3f}" for n in names[1:]) + " |")
+                    sys.stdout.flush()
+            del q, k, v, out, dout, dq, dk, dv, lse
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
