@@ -65,31 +65,40 @@ struct OnlineSoftmax {
   // an ulp of bf16 and a fifth of fp16's), and j added to the exponent field.
   // x is clamped at -127 where j = -127, f = 0 and the bits come out as +0.0,
   // so masked scores (-inf) give exactly 0 as the MUFU does.
-  // (Host-callable for tests/unit/test_softmax_exp2.cu; the host compiler does
-  // not reassociate float adds, the device path pins rounding with __fadd_rn.)
+  // Host-callable for tests/unit/test_softmax_exp2.cu: one body, with the
+  // rounding pinned by the primitives below (__fadd_rn on the device, where
+  // nvcc could otherwise contract the adds; plain IEEE adds on the host).
   CUTLASS_HOST_DEVICE static float exp2_fma(float x) {
     x = fmaxf(x, -127.f);
+    const float t = add_rn(x, 12582912.f);
+    const float j = add_rn(t, -12582912.f);
+    const float f = add_rn(x, -j);
+    const float p = fma_rn(fma_rn(fma_rn(0.05501849f, f, 0.24221099f), f, 0.69328095f), f, 1.f);
+    return bits_float(float_bits(p) + (float_bits(t) << 23));
+  }
+  CUTLASS_HOST_DEVICE static float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-    const float t = __fadd_rn(x, 12582912.f);
-    const float j = __fadd_rn(t, -12582912.f);
-    const float f = __fadd_rn(x, -j);
-    float p = __fmaf_rn(0.05501849f, f, 0.24221099f);
-    p = __fmaf_rn(p, f, 0.69328095f);
-    p = __fmaf_rn(p, f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+    return __fadd_rn(a, b);
 #else
-    const float t = x + 12582912.f;
-    const float j = t - 12582912.f;
-    const float f = x - j;
-    const float p = std::fma(std::fma(std::fma(0.05501849f, f, 0.24221099f), f, 0.69328095f), f, 1.f);
-    uint32_t pb, tb;
-    std::memcpy(&pb, &p, 4);
-    std::memcpy(&tb, &t, 4);
-    const uint32_t rb = pb + (tb << 23);
-    float r;
-    std::memcpy(&r, &rb, 4);
-    return r;
+    return a + b;
 #endif
+  }
+  CUTLASS_HOST_DEVICE static float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+  }
+  CUTLASS_HOST_DEVICE static uint32_t float_bits(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  }
+  CUTLASS_HOST_DEVICE static float bits_float(uint32_t u) {
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
   }
 
   template <class TensorO>
