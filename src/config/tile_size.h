@@ -5,6 +5,13 @@
 // tile_m x dv x 4 bytes spread over the consumer threads).
 #pragma once
 
+// Tile widths that are not multiples of 32 (keys 80 / 176, the d = 96 backward's
+// 48-column dQ halves) need CuTe's extended WGMMA shapes; without them its GMMA
+// selectors silently fall back to m64n16 atoms (about 30% slower; docs/performance.md).
+#if defined(__CUDACC__) && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#error "flash3 kernels need -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED on the CUDA flags (CMakeLists.txt sets it)"
+#endif
+
 // Ablation knobs (-D on the CUDA flags; docs/performance.md, 2026-11-30):
 // FLASH3_D64_3WG_LOCAL: the 3-warpgroup d = 64 forward tile for sliding windows too.
 // FLASH3_D64_EXP2_EMU=k: every k-th exp2 of the d = 64 forward softmax on the FMA
@@ -20,6 +27,19 @@
 #endif
 #ifndef FLASH3_D64_EXP2_EMU
 #define FLASH3_D64_EXP2_EMU 0
+#endif
+// Forward tile widths (keys per KV block) under test, 2026-11-30 (session 4):
+// unmasked d = 96/128, d = 192 with dv = 192, and d = 256. Any multiple of 16
+// works now that the extended WGMMA shapes are on (one full-width atom per
+// warpgroup, tests/unit/test_mma_atoms.cu).
+#ifndef FLASH3_FWD_D128_TILE_N
+#define FLASH3_FWD_D128_TILE_N 128
+#endif
+#ifndef FLASH3_FWD_D192_TILE_N
+#define FLASH3_FWD_D192_TILE_N 64
+#endif
+#ifndef FLASH3_FWD_D256_TILE_N
+#define FLASH3_FWD_D256_TILE_N 64
 #endif
 
 namespace flash3 {
@@ -66,16 +86,17 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   // non-causal), tile_n 176 and 144 ran at ~500 TFLOP/s against 719 for 128 and
   // 693 for 192 (docs/performance.md, ablation).
   if (d <= 128) {
-    return {128, 128, 2, 2, true, true, true, 24, 240, 0, !causal_or_local && FLASH3_FWD_PERSISTENT};
+    return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240, 0,
+            !causal_or_local && FLASH3_FWD_PERSISTENT};
   }
   if (d <= 192) {
     // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 64 for dv = 192.
     // Pingpong off for d > 128: the O accumulator leaves too few registers for the
     // overlapped S/P fragments plus the turn-taking slack (seed 5.3).
-    return {128, dv <= 128 ? 128 : 64, 2, 2, true, false, true, 24, 240};
+    return {128, dv <= 128 ? 128 : FLASH3_FWD_D192_TILE_N, 2, 2, true, false, true, 24, 240};
   }
   // d = 256: Q 64 KB + 2 x (64 x 256 x 2) x 2 = 192 KB.
-  return {128, 64, 2, 2, true, false, true, 24, 240};
+  return {128, FLASH3_FWD_D256_TILE_N, 2, 2, true, false, true, 24, 240};
 }
 
 // ---------------------------------------------------------------- backward

@@ -1,8 +1,9 @@
 // Every tiled WGMMA in the tile tables must use one full-width atom per
 // warpgroup: CuTe's GMMA selectors silently fall back to narrow m64n16 atoms
 // for N = 80, 144, 176, 48, ... unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is
-// defined (it is not in this build), which is what made tile_n 144 / 176 run
-// at ~500 instead of ~700 TFLOP/s (docs/performance.md, tile-width ablation).
+// defined (the build sets it; src/config/tile_size.h refuses to compile without
+// it). Without it tile_n 144 / 176 ran at ~500 instead of ~700 TFLOP/s
+// (docs/performance.md, tile-width ablation).
 #include <gtest/gtest.h>
 
 #include "bwd/kernel_traits.h"
@@ -32,13 +33,7 @@ void check_bwd() {
   EXPECT_EQ(atom_n<typename T::TiledMmadP>(), T::kSdPAtomN);
   EXPECT_EQ(atom_n<typename T::TiledMmadV>(), T::kSplitHdim ? DV / T::kNumMmaWG : DV);
   EXPECT_EQ(atom_n<typename T::TiledMmadK>(), T::kSplitHdim ? D / T::kNumMmaWG : D);
-  if (T::kdQCols % 32 == 0) {
-    EXPECT_EQ(atom_n<typename T::TiledMmadQ>(), T::kdQCols);
-  } else {
-    // Known: d = 96 splits dQ into 48-column halves, which run on n16 atoms
-    // until the extended shapes are enabled (and measured).
-    EXPECT_EQ(atom_n<typename T::TiledMmadQ>(), 16);
-  }
+  EXPECT_EQ(atom_n<typename T::TiledMmadQ>(), T::kdQCols);  // d = 96: 48-column halves
 }
 
 TEST(MmaAtoms, ForwardTilesUseFullWidthAtoms) {
@@ -52,6 +47,22 @@ TEST(MmaAtoms, ForwardTilesUseFullWidthAtoms) {
   check_fwd<192, 128, true, false>();
   check_fwd<256, 256, false, false>();
   check_fwd<256, 256, true, true>();
+}
+
+// The extended widths themselves (tile_size.h knobs FLASH3_FWD_D*_TILE_N).
+template <int kTileN>
+struct WideTile {
+  static constexpr flash3::FwdTileConfig value = {128, kTileN, 2, 2, true, false, true, 24, 240};
+};
+
+TEST(MmaAtoms, ExtendedForwardTileWidthsUseFullWidthAtoms) {
+  using T176 = flash3::FwdTraits<cutlass::bfloat16_t, 128, 128, WideTile<176>, flash3::MaskNone>;
+  using T112 = flash3::FwdTraits<cutlass::bfloat16_t, 192, 192, WideTile<112>, flash3::MaskNone>;
+  using T80 = flash3::FwdTraits<cutlass::bfloat16_t, 256, 256, WideTile<80>, flash3::MaskCausal>;
+  EXPECT_EQ(atom_n<typename T176::TiledMmaQK>(), 176);
+  EXPECT_EQ(atom_n<typename T112::TiledMmaQK>(), 112);
+  EXPECT_EQ(atom_n<typename T80::TiledMmaQK>(), 80);
+  EXPECT_EQ(atom_n<typename T80::TiledMmaPV>(), 256);
 }
 
 TEST(MmaAtoms, BackwardTilesUseFullWidthAtoms) {
