@@ -20,6 +20,11 @@
 #ifndef FLASH3_D64_3WG_LOCAL
 #define FLASH3_D64_3WG_LOCAL 0
 #endif
+// FLASH3_FWD_PERSISTENT: persistent CTAs for unmasked d <= 128 (work in progress:
+// not yet run on a GPU).
+#ifndef FLASH3_FWD_PERSISTENT
+#define FLASH3_FWD_PERSISTENT 1
+#endif
 #ifndef FLASH3_D64_EXP2_EMU
 #define FLASH3_D64_EXP2_EMU 0
 #endif
@@ -50,10 +55,13 @@ struct FwdTileConfig {
   int producer_regs;     // setmaxnreg for the producer warpgroup
   int consumer_regs;     // setmaxnreg for each consumer warpgroup
   int exp2_emu_every = 0;  // > 0: every k-th score's exp2 on the FMA pipe (OnlineSoftmax::exp2_fma)
+  // One CTA per SM looping over tiles (unmasked problems only): the next tile's
+  // K/V and Q loads overlap this tile's epilogue; O gets its own smem buffer.
+  bool persistent = false;
 };
 
 constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
-  return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv)) * elem_bytes + 1024;
+  return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv) + (c.persistent ? c.tile_m * dv : 0)) * elem_bytes + 1024;
 }
 
 // causal_or_local: masked problems prefer square-ish tiles (less wasted work on
@@ -70,7 +78,7 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
     // kernel spills 324 bytes at 160 registers and was not benchmarked, so it
     // keeps two warpgroups at 240 (FLASH3_D64_3WG_LOCAL builds it with three).
     if (!local || FLASH3_D64_3WG_LOCAL) {
-      return {192, 128, 2, 3, true, true, true, 32, 160, FLASH3_D64_EXP2_EMU};
+      return {192, 128, 2, 3, true, true, true, 32, 160, FLASH3_D64_EXP2_EMU, !causal_or_local && FLASH3_FWD_PERSISTENT};
     }
     return {128, 128, 2, 2, true, true, true, 24, 240, FLASH3_D64_EXP2_EMU};
   }
@@ -78,7 +86,8 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   // non-causal), tile_n 176 and 144 ran at ~500 TFLOP/s against 719 for 128 and
   // 693 for 192 (docs/performance.md, ablation).
   if (d <= 128) {
-    return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240};
+    return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240, 0,
+            !causal_or_local && FLASH3_FWD_PERSISTENT};
   }
   if (d <= 192) {
     // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 64 for dv = 192.

@@ -34,7 +34,12 @@ struct FwdEpilogue {
     }
     Tensor tOrO_out = convert_fragment<Element>(tOrO);
 
-    // sO aliases sQ: wait until every consumer warpgroup is past its last QK^T.
+    // Single tile: sO aliases sQ, so wait until every consumer warpgroup is past
+    // its last QK^T. Persistent: sO is free once the previous tile's TMA store
+    // has read it (thread 0 issued that store, so thread 0 waits for it).
+    if constexpr (Traits::kPersistent) {
+      if (thread_idx == 0) tma_store_wait<0>();
+    }
     named_barrier_sync(Traits::kNumMmaThreads, FwdBarrier::kEpilogue);
     Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
     auto smem_tiled_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
@@ -63,7 +68,8 @@ struct FwdEpilogue {
     }
 
     // One thread issues the TMA store; rows past seqlen_q are clipped by the
-    // tensor map. It must wait for the smem reads before the CTA exits.
+    // tensor map. It must wait for the smem reads before the CTA exits (a
+    // persistent CTA waits before the next tile's sO writes, and in drain()).
     if (thread_idx == 0) {
       Tensor mO = params.tma_store_o.get_tma_tensor(params.shape_o)(_, _, tile.head, tile.batch);
       Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(tile.m_block, _0{}));
@@ -72,8 +78,14 @@ struct FwdEpilogue {
       Tensor tOsO = block_tma_o.partition_S(sO);
       copy(params.tma_store_o, tOsO, tOgO);
       tma_store_arrive();
-      tma_store_wait<0>();
+      if constexpr (!Traits::kPersistent) tma_store_wait<0>();
     }
+  }
+
+  // Persistent CTAs, after the last tile: the last TMA store must have read sO
+  // before the CTA (and its shared memory) goes away.
+  CUTLASS_DEVICE static void drain(int thread_idx) {
+    if (thread_idx == 0) tma_store_wait<0>();
   }
 };
 

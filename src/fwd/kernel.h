@@ -2,6 +2,9 @@
 // (mainloop, epilogue and scheduler do the work).
 //   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA)
 //   warpgroups 1..N: consumers, 64 query rows each (setmaxnreg up)
+// Single-tile CTAs run one tile; persistent CTAs (Traits::kPersistent) loop
+// over tiles with the K/V pipeline states, barrier_q's phase and the pingpong
+// turn carried from tile to tile.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -20,6 +23,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params) {
   using SharedStorage = typename Traits::SharedStorage;
   using MainloopPipeline = typename Traits::MainloopPipeline;
+  using PipelineState = typename Traits::PipelineState;
   extern __shared__ char smem_buf[];
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
 
@@ -33,6 +37,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     prefetch_tma_descriptor(params.tma_load_v.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_store_o.get_tma_descriptor());
     ss.barrier_q.init(1);  // one arrival: the producer's arrive_and_expect_tx
+    if constexpr (Traits::kPersistent) ss.barrier_q_empty.init(Traits::kNumMmaThreads);
   }
 
   // Full barriers expect the stage's TMA bytes; empty barriers count every
@@ -47,27 +52,62 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   // Barrier initialisation must be visible to every thread before first use.
   __syncthreads();
 
-  const TileCoord tile = Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
-  const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+  // The tiles of this CTA: one (the launch order is the schedule), or, for a
+  // persistent CTA, every gridDim.x-th tile.
+  int first = 0, stride = 1, count = 1;
+  if constexpr (Traits::kPersistent) {
+    first = int(blockIdx.x);
+    stride = int(gridDim.x);
+    count = Scheduler::num_tiles(params.num_m_blocks, params.heads_q, params.batch);
+  }
+  auto tile_at = [&](int linear) {
+    if constexpr (Traits::kPersistent) {
+      return Scheduler::tile_at(linear, params.num_m_blocks, params.heads_q);
+    } else {
+      return Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
+    }
+  };
 
   if (warp_group_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp_idx == 0 && lane == 0) {
-      FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range);
+      PipelineState write = cutlass::make_producer_start_state<MainloopPipeline>();
+      int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
+      for (int linear = first; linear < count; linear += stride) {
+        const TileCoord tile = tile_at(linear);
+        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        if (range.empty()) continue;
+        FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write,
+                                  loaded > 0 ? (loaded - 1) & 1 : -1);
+        ++loaded;
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int thread_idx = threadIdx.x - 128;
     typename Traits::TiledMmaPV tiled_mma_pv;
-    Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
-    constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-    OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
-    if (!range.empty()) {
-      FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx);
-    } else {
-      clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+    FwdMainloop<Traits>::scheduler_init(thread_idx / 128);
+    PipelineState read;  // index 0, phase 0
+    int loaded = 0;      // tiles whose Q this thread has consumed (barrier_q phase)
+    for (int linear = first; linear < count; linear += stride) {
+      const TileCoord tile = tile_at(linear);
+      const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+      Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
+      constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
+      OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+      if (!range.empty()) {
+        FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
+                                 loaded & 1);
+        // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
+        // the producer may load the next tile's Q.
+        if constexpr (Traits::kPersistent) ss.barrier_q_empty.arrive();
+        ++loaded;
+      } else {
+        clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+      }
+      FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
     }
-    FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+    if constexpr (Traits::kPersistent) FwdEpilogue<Traits>::drain(thread_idx);
   }
 }
 

@@ -33,6 +33,7 @@ struct FwdTraits {
   static constexpr bool kIntraWGOverlap = kCfg.intra_wg_overlap;
   static constexpr bool kPingpong = kCfg.pingpong && kNumMmaWG >= 2;
   static constexpr int kExp2EmuEvery = kCfg.exp2_emu_every;
+  static constexpr bool kPersistent = kCfg.persistent;
   // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,
   // so ALU writes to the large O accumulator never race the WGMMA (seed 4.5).
   static constexpr bool kRescaleOBeforeGemm = kHeadDimV > 128 && kIntraWGOverlap;
@@ -93,16 +94,27 @@ struct FwdTraits {
   using MainloopPipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = cutlass::PipelineState<kStages>;
 
-  struct SharedStorage {
-    // 1024-byte alignment: required by the 128-byte TMA/WGMMA swizzle.
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
+  // Single-tile CTAs: sO reuses sQ (Q is dead once every warpgroup's last
+  // QK^T has completed). Persistent CTAs: sO is separate, so the next tile's
+  // Q can land while this tile's O is still being stored.
+  struct SharedStorageQO {
     union {
-      // sO reuses sQ: Q is dead once every warpgroup's last QK^T has completed.
       cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
       cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
     };
+  };
+  struct SharedStorageQandO {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+  };
+  struct SharedStorage : std::conditional_t<kPersistent, SharedStorageQandO, SharedStorageQO> {
+    // 1024-byte alignment: required by the 128-byte TMA/WGMMA swizzle.
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    // Persistent only: every consumer thread arrives once its last QK^T of a
+    // tile has completed; the producer waits before overwriting sQ.
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;
     typename MainloopPipeline::SharedStorage pipeline_k;
     typename MainloopPipeline::SharedStorage pipeline_v;
   };
@@ -121,6 +133,7 @@ struct FwdTraits {
     int heads_q, heads_per_kv, num_m_blocks;
     float softmax_scale, softmax_scale_log2;
     int tile_order;  // LptTileScheduler order: < 0 plain, 0 global longest-first, G grouped
+    int batch;       // PersistentTileScheduler: tiles = num_m_blocks x heads_q x batch
   };
 };
 

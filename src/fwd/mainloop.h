@@ -34,8 +34,12 @@ struct FwdMainloop {
   // ---------------------------------------------------------------- producer
   // Runs on one thread (lane 0 of warp 0): TMA needs a single issuing thread,
   // and the pipelines' producer "leader" is that same thread.
+  // write: the next free K/V stage, advanced past this tile's blocks on return
+  // (persistent CTAs carry it from tile to tile). q_empty_phase >= 0: wait for
+  // the consumers to be done with the previous tile's Q before overwriting sQ.
   CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                  MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range) {
+                                  MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range,
+                                  PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
     const int head_kv = tile.head / params.heads_per_kv;
     Tensor mQ = params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, tile.head, tile.batch);
@@ -65,10 +69,10 @@ struct FwdMainloop {
       copy(params.tma_load_v.with(*pipeline_v.producer_get_barrier(st), 0), tVgV(_, n_block), tVsV(_, st.index()));
     };
 
-    PipelineState write = cutlass::make_producer_start_state<MainloopPipeline>();
     int n_block = range.n_max - 1;
     // K first: the consumers' first GEMM needs K and Q, not V.
     load_k(n_block, write);
+    if (q_empty_phase >= 0) ss.barrier_q_empty.wait(q_empty_phase);
     ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
     copy(params.tma_load_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0),
          tQgQ, tQsQ);
@@ -89,6 +93,7 @@ struct FwdMainloop {
         load_v(n_block, write);
       }
     }
+    ++write;
   }
 
   // ---------------------------------------------------------------- consumer
@@ -104,7 +109,9 @@ struct FwdMainloop {
       named_barrier_arrive(2 * 128, static_cast<int>(FwdBarrier::kWarpSchedulerWG1) + next);
     }
   }
-  // Warpgroup 0 takes the first turn: pre-arrive on its own barrier.
+  // Warpgroup 0 takes the first turn: pre-arrive on its own barrier. Once per
+  // CTA: a tile leaves exactly one arrival (the last warpgroup's final arrive)
+  // pending on warpgroup 0's barrier, which serves as the next tile's pre-arrive.
   CUTLASS_DEVICE static void scheduler_init(int wg) {
     if constexpr (Traits::kPingpong) {
       if (wg == 0) named_barrier_arrive(2 * 128, static_cast<int>(FwdBarrier::kWarpSchedulerWG1));
@@ -122,10 +129,14 @@ struct FwdMainloop {
   }
 
   // Runs the whole KV loop for one tile; on return tOrO holds the unnormalised O.
+  // read: the next K/V stage to consume, advanced past this tile's blocks;
+  // q_phase: the phase of barrier_q for this tile (its n-th Q load: n & 1).
+  // scheduler_init must have run once before the first tile.
   template <class TensorO, int kNRows>
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
                                  MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range,
-                                 TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
+                                 TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx,
+                                 PipelineState& read, int q_phase) {
     using TiledMmaQK = typename Traits::TiledMmaQK;
     using TiledMmaPV = typename Traits::TiledMmaPV;
     const int wg = thread_idx / 128;
@@ -155,10 +166,8 @@ struct FwdMainloop {
     };
 
     clear(tOrO);
-    scheduler_init(wg);
-    ss.barrier_q.wait(0);  // one tile per CTA: Q's barrier completes exactly once
+    ss.barrier_q.wait(q_phase);
 
-    PipelineState read;  // index 0, phase 0
     int n_block = range.n_max - 1;
 
     // First (half) block: GEMM0 + softmax, with the sequence-tail and full mask.
@@ -261,6 +270,7 @@ struct FwdMainloop {
       pipeline_v.consumer_wait(read);
       wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
       pipeline_v.consumer_release(read);
+      ++read;  // (the non-overlapped loop has already advanced it)
     }
   }
 };

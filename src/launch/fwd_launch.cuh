@@ -74,7 +74,16 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   constexpr int smem = Traits::kSmemBytes;
   FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kp.tile_order = fwd_tile_order(p, Traits::kHeadDim, Traits::kHeadDimV, sizeof(Element));
-  const dim3 grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
+  kp.batch = p.batch;
+  dim3 grid;
+  if constexpr (Traits::kPersistent) {
+    int device = 0, num_sms = 0;
+    FLASH3_CUDA_TRY(cudaGetDevice(&device));
+    FLASH3_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, num_sms);
+  } else {
+    grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
+  }
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
   return check_last_launch("flash3 forward kernel launch");
 }
@@ -91,6 +100,7 @@ struct AblatedFwdConfig {
     c.pingpong = kPingpong;
     if (kTileN > 0) c.tile_n = kTileN;
     if (kStages > 0) c.num_stages = kStages;
+    c.persistent = false;  // the ablations were measured with one tile per CTA
     return c;
   }
   static constexpr FwdTileConfig value = make();
@@ -102,7 +112,8 @@ Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream);
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>;
-  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Scheduler>(p, stream);
+  using Sched = std::conditional_t<Base::value.persistent, PersistentTileScheduler, Scheduler>;
+  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Sched>(p, stream);
 }
 
 // Mask variant and scheduler: causal/local tiles are unequal, so they use the

@@ -1,4 +1,4 @@
-// Tile schedulers: map a CTA to (m_block, head, batch). One tile per CTA.
+// Tile schedulers: map a CTA to (m_block, head, batch).
 //  * SingleTileScheduler: m_block fastest, so the CTAs of one wave share a
 //    head's K/V in L2 (uniform-cost tiles: no masking).
 //  * LptTileScheduler: causal/local tiles have unequal cost; the longest tiles
@@ -51,6 +51,22 @@ struct LptTileScheduler {
       rank = r / gsize;
     }
     return {num_m_blocks - 1 - rank, hb % heads, hb / heads};
+  }
+};
+
+// Persistent (unmasked problems): one CTA per SM, CTA c runs tiles c, c + G,
+// c + 2G, ... (G = grid size) in m_block-fastest order, so a wave of CTAs
+// still shares a head's K/V in L2. Tiles cost the same, so the static
+// round-robin needs no work counter.
+struct PersistentTileScheduler {
+  static dim3 grid(int num_m_blocks, int heads, int batch, int num_sms) {
+    const long tiles = long(num_m_blocks) * heads * batch;
+    return dim3(unsigned(tiles < num_sms ? tiles : num_sms), 1, 1);
+  }
+  CUTLASS_DEVICE static int num_tiles(int num_m_blocks, int heads, int batch) { return num_m_blocks * heads * batch; }
+  CUTLASS_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads) {
+    const int hb = linear / num_m_blocks;
+    return {linear - hb * num_m_blocks, hb % heads, hb / heads};
   }
 };
 
