@@ -20,23 +20,27 @@
 #ifndef FLASH3_D64_3WG_LOCAL
 #define FLASH3_D64_3WG_LOCAL 0
 #endif
-// FLASH3_FWD_PERSISTENT: persistent CTAs for unmasked d <= 128 (work in progress:
-// not yet run on a GPU).
+// FLASH3_FWD_PERSISTENT: persistent CTAs for unmasked d <= 128 (on by default;
+// 0 builds the one-tile-per-CTA kernels for the ablation). Measured 2026-11-30
+// (bench/ab.py, interleaved): +4 to +7% at 2k-4k, +0 to +3% at 8k-16k.
 #ifndef FLASH3_FWD_PERSISTENT
 #define FLASH3_FWD_PERSISTENT 1
 #endif
 #ifndef FLASH3_D64_EXP2_EMU
 #define FLASH3_D64_EXP2_EMU 0
 #endif
-// Forward tile widths (keys per KV block) under test, 2026-11-30 (session 4):
-// unmasked d = 96/128, d = 192 with dv = 192, and d = 256. Any multiple of 16
-// works now that the extended WGMMA shapes are on (one full-width atom per
-// warpgroup, tests/unit/test_mma_atoms.cu).
+// Forward tile widths (keys per KV block): unmasked d = 96/128, d = 192 with
+// dv = 192, and d = 256. Any multiple of 16 works now that the extended WGMMA
+// shapes are on (one full-width atom per warpgroup, tests/unit/test_mma_atoms.cu).
+// Measured 2026-11-30 (bf16, interleaved A/B, docs/performance.md): d = 192 at
+// 112 keys +5 to +14% over 64 (kept); d = 128 at 176 -2 to 0% and d = 256 at 80
+// -1 to -4% (not kept: at 128 / 64 the kernels already keep the tensor pipe
+// ~85% busy, and the wider S tile only adds registers and masked-tail work).
 #ifndef FLASH3_FWD_D128_TILE_N
 #define FLASH3_FWD_D128_TILE_N 128
 #endif
 #ifndef FLASH3_FWD_D192_TILE_N
-#define FLASH3_FWD_D192_TILE_N 64
+#define FLASH3_FWD_D192_TILE_N 112
 #endif
 #ifndef FLASH3_FWD_D256_TILE_N
 #define FLASH3_FWD_D256_TILE_N 64
@@ -82,18 +86,18 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
     }
     return {128, 128, 2, 2, true, true, true, 24, 240, FLASH3_D64_EXP2_EMU};
   }
-  // tile_n is a multiple of 64 everywhere: measured on H200 (bf16 d=128, 8k,
-  // non-causal), tile_n 176 and 144 ran at ~500 TFLOP/s against 719 for 128 and
-  // 693 for 192 (docs/performance.md, ablation).
   if (d <= 128) {
     return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240, 0,
             !causal_or_local && FLASH3_FWD_PERSISTENT};
   }
   if (d <= 192) {
-    // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 64 for dv = 192.
+    // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 112 for
+    // dv = 192 (48 + 2 x 112 x 384 x 2 B = 216 KB).
     // Pingpong off for d > 128: the O accumulator leaves too few registers for the
     // overlapped S/P fragments plus the turn-taking slack (seed 5.3).
-    return {128, dv <= 128 ? 128 : FLASH3_FWD_D192_TILE_N, 2, 2, true, false, true, 24, 240};
+    // Sliding windows keep 64 keys: at 112 that kernel spills 80 bytes (ptxas) and
+    // was not measured.
+    return {128, dv <= 128 ? 128 : (local ? 64 : FLASH3_FWD_D192_TILE_N), 2, 2, true, false, true, 24, 240};
   }
   // d = 256: Q 64 KB + 2 x (64 x 256 x 2) x 2 = 192 KB.
   return {128, FLASH3_FWD_D256_TILE_N, 2, 2, true, false, true, 24, 240};

@@ -5,6 +5,8 @@
 //    (largest m_block under a bottom-right causal mask) get the lowest linear
 //    block ids, and the hardware launches CTAs in that order, so the greedy
 //    "longest processing time first" schedule falls out of the launch order.
+//  * PersistentTileScheduler: unmasked problems, one CTA per SM looping over
+//    tiles, so the next tile's loads overlap this tile's epilogue.
 #pragma once
 #include <cutlass/cutlass.h>
 
@@ -63,8 +65,8 @@ struct PersistentTileScheduler {
     const long tiles = long(num_m_blocks) * heads * batch;
     return dim3(unsigned(tiles < num_sms ? tiles : num_sms), 1, 1);
   }
-  CUTLASS_DEVICE static int num_tiles(int num_m_blocks, int heads, int batch) { return num_m_blocks * heads * batch; }
-  CUTLASS_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads) {
+  CUTLASS_HOST_DEVICE static int num_tiles(int num_m_blocks, int heads, int batch) { return num_m_blocks * heads * batch; }
+  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads) {
     const int hb = linear / num_m_blocks;
     return {linear - hb * num_m_blocks, hb % heads, hb / heads};
   }

@@ -721,8 +721,10 @@ TEST(BwdGpu, CallerWorkspace) {
     ::testing::Test::RecordProperty(std::string("workspace_bytes_") + (det ? "det" : "default"), std::to_string(ws_bytes));
     tu::DeviceBuffer ws;
     ASSERT_TRUE(cuda_ok(ws.reserve(ws_bytes + kWsGuard), "workspace"));
-    // Garbage in the workspace: flash3 must initialise what it needs.
-    ASSERT_TRUE(cuda_ok(cudaMemset(ws.ptr, kWsPoison, ws_bytes + kWsGuard), "workspace poison"));
+    // Garbage in the workspace: flash3 must initialise what it needs. On the
+    // test stream: it is non-blocking, so a legacy-stream memset is not ordered
+    // before the backward's own initialisation of the workspace.
+    ASSERT_TRUE(cuda_ok(cudaMemsetAsync(ws.ptr, kWsPoison, ws_bytes + kWsGuard, ds.stream), "workspace poison"));
 
     // Internal allocation.
     const flash3::Status s1 = run_backward(c, p, ds.grad.ptr);
@@ -1083,7 +1085,9 @@ TEST(GpuReference, BackwardEmpty) {
     Buffers b;
     ASSERT_TRUE(upload_inputs(c, &b));
     for (tu::DeviceBuffer* x : {&ds.ref_dq, &ds.ref_dk, &ds.ref_dv, &ds.low_dq, &ds.low_dk, &ds.low_dv})
-      ASSERT_TRUE(cuda_ok(cudaMemset(x->ptr, 0xff, x->bytes), "poison"));
+      // On the (non-blocking) test stream, ordered before the references' zeroing
+      // (a legacy-stream cudaMemset raced with it: this test failed once, 2026-11-30).
+      ASSERT_TRUE(cuda_ok(cudaMemsetAsync(x->ptr, 0xff, x->bytes, ds.stream), "poison"));
     ASSERT_TRUE(run_references(c, b.plan));
     ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "sync"));
     for (auto [buf, n] : {std::pair{&ds.ref_dq, n_dq(c)}, std::pair{&ds.ref_dk, n_dk(c)},
