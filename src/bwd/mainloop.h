@@ -173,8 +173,7 @@ struct BwdMainloop {
   // issued back to back (async), the query statistics read meanwhile, then -
   // once G1 is done - P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) in
   // place (seed 7.1.3: no row max needed). G2 may still run on return.
-  template <class MmaS, class MmadP, class TK, class TQ, class TV, class TdO, class TC, class SFrag, class dPFrag,
-            int kNCols>
+  template <class MmaS, class MmadP, class TK, class TQ, class TV, class TdO, class TC, class SFrag, class dPFrag>
   CUTLASS_DEVICE static void issue_sdp_then_p(Params const& params, SharedStorage& ss,
                                               typename Traits::PipelineQ& pipeline_q,
                                               typename Traits::PipelinedO& pipeline_do,
@@ -182,16 +181,15 @@ struct BwdMainloop {
                                               typename Traits::PipelineStatedO const& rdo, bool first, int m_block,
                                               int n_block, MmaS& mma_s, MmadP& mma_dp, TK const& tSrK,
                                               TQ const& tSrQ, TV const& tdPrV, TdO const& tdPrdO,
-                                              TC const& tScS_rc, SFrag& tSrS, dPFrag& tdPrdP,
-                                              float (&dpsum)[kNCols]) {
+                                              TC const& tScS_rc, SFrag& tSrS, dPFrag& tdPrdP) {
     pipeline_q.consumer_wait(rq);
     wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
+    constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
     float lse[kNCols];
     load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
     if (first) ss.barrier_v.wait(0);
     pipeline_do.consumer_wait(rdo);
     wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
-    load_stats(dpsum, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
     warpgroup_wait<1>();  // S^T ready; dP^T may still run
 
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
@@ -205,14 +203,24 @@ struct BwdMainloop {
     }
   }
 
-  // dS^T = P^T * (dP^T - D), in place in the dP^T accumulator (p: the P^T row view).
-  template <class TP, class dPFrag, int kNCols>
-  CUTLASS_DEVICE static void ds_from_p(TP const& p, dPFrag& tdPrdP, const float (&dpsum)[kNCols]) {
+  // dS^T = P^T * (dP^T - D), in place in the dP^T accumulator (p: the P^T row
+  // view). D is read from shared memory here, a column pair at a time, instead
+  // of being held in registers from G2's issue on: at this point dK, dV, P^T
+  // (in flight for G3), S^T and dP^T are all live, and those kNCols registers
+  // were what spilled (d = 128: 16 B -> 0, +3-6% measured 2026-11-30).
+  template <class TP, class dPFrag, class TC>
+  CUTLASS_DEVICE static void ds_from_p(TP const& p, dPFrag& tdPrdP, const float* dpsum_smem, TC const& c_rc) {
     Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
+    constexpr int kNCols = decltype(size<1>(dp))::value;
+    static_assert(kNCols % 2 == 0);
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < size<0>(dp); ++r) {
+    for (int c = 0; c < kNCols; c += 2) {
+      const float2 d = *reinterpret_cast<const float2*>(dpsum_smem + get<1>(c_rc(0, c)));
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kNCols; ++c) dp(r, c) = p(r, c) * (dp(r, c) - dpsum[c]);
+      for (int r = 0; r < size<0>(dp); ++r) {
+        dp(r, c) = p(r, c) * (dp(r, c) - d.x);
+        dp(r, c + 1) = p(r, c + 1) * (dp(r, c + 1) - d.y);
+      }
     }
   }
 
@@ -267,7 +275,6 @@ struct BwdMainloop {
     using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
-    constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
@@ -279,14 +286,13 @@ struct BwdMainloop {
       for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
         SFrag tSrS;
         dPFrag tdPrdP;
-        float dpsum[kNCols];
         issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
-                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, dpsum);
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         const int pds_stage = it % Traits::kStagesdS;
         store_pairs(convert_fragment<Element>(tSrS), tScS, smem_p, pds_stage);
         warpgroup_wait<0>();
-        ds_from_p(s, tdPrdP, dpsum);
+        ds_from_p(s, tdPrdP, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
         store_pairs(convert_fragment<Element>(tdPrdP), tScS, smem_ds, pds_stage);
         // Both warpgroups' P^T / dS^T slices visible to the async proxy before any
         // GEMM reads the whole tiles.
@@ -351,7 +357,6 @@ struct BwdMainloop {
     using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
-    constexpr int kNCols = decltype(size<1>(tScS_rc))::value;  // query columns this thread holds
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
@@ -364,9 +369,8 @@ struct BwdMainloop {
         // G1 S^T, G2 dP^T; P^T from S^T while G2 runs.
         SFrag tSrS;
         dPFrag tdPrdP;
-        float dpsum[kNCols];
         issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
-                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, dpsum);
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor rP = convert_fragment<Element>(tSrS);
         Tensor tdVrP = make_tensor(rP.data(), acc_to_operand_a(rP.layout()));
@@ -374,7 +378,7 @@ struct BwdMainloop {
         wgmma_gemm<false, -1>(mma_dv, tdVrP, tdVrdO(_, _, _, rdo.index()), tdVrdV);
         warpgroup_wait<1>();  // dP^T ready; G3 may still run
 
-        ds_from_p(s, tdPrdP, dpsum);  // dS^T = P^T * (dP^T - D)
+        ds_from_p(s, tdPrdP, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);  // dS^T = P^T * (dP^T - D)
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
         store_pairs(rdS, tScS, smem_ds, ds_stage);
