@@ -26,6 +26,12 @@
 #ifndef FLASH3_FWD_PERSISTENT
 #define FLASH3_FWD_PERSISTENT 1
 #endif
+// FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128 (ablation knob).
+// Measured 2026-11-30 (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%;
+// off: the d = 128 loop is not limited by the Q operand's shared-memory reads.
+#ifndef FLASH3_FWD_Q_IN_REGS
+#define FLASH3_FWD_Q_IN_REGS 0
+#endif
 #ifndef FLASH3_D64_EXP2_EMU
 #define FLASH3_D64_EXP2_EMU 0
 #endif
@@ -36,6 +42,12 @@
 // 112 keys +5 to +14% over 64 (kept); d = 128 at 176 -2 to 0% and d = 256 at 80
 // -1 to -4% (not kept: at 128 / 64 the kernels already keep the tensor pipe
 // ~85% busy, and the wider S tile only adds registers and masked-tail work).
+// FLASH3_BWD_D64_TILE_M: query rows per backward iteration at d = 64 (ablation).
+// 128 (FA3's choice) measured 2026-11-30: -7% unmasked, -16 to -19% causal: at
+// 240 registers it spills 136-172 bytes (S^T and dP^T are 64 registers each).
+#ifndef FLASH3_BWD_D64_TILE_M
+#define FLASH3_BWD_D64_TILE_M 64
+#endif
 #ifndef FLASH3_FWD_D128_TILE_N
 #define FLASH3_FWD_D128_TILE_N 128
 #endif
@@ -62,6 +74,9 @@ struct FwdTileConfig {
   // One CTA per SM looping over tiles (unmasked problems only): the next tile's
   // K/V and Q loads overlap this tile's epilogue; O gets its own smem buffer.
   bool persistent = false;
+  // Q read once per tile from shared memory into registers (ldmatrix) and the
+  // QK^T WGMMA register-sourced: halves that GEMM's shared-memory operand traffic.
+  bool q_in_regs = false;
 };
 
 constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
@@ -88,7 +103,7 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   }
   if (d <= 128) {
     return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240, 0,
-            !causal_or_local && FLASH3_FWD_PERSISTENT};
+            !causal_or_local && FLASH3_FWD_PERSISTENT, bool(FLASH3_FWD_Q_IN_REGS)};
   }
   if (d <= 192) {
     // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 112 for
@@ -133,6 +148,7 @@ struct BwdTileConfig {
 // SMEM (d = 256): K 32 + V 32 + Q 32 + dO 32 + 2 x (P + dS) 16 + dQ staging 64 KB
 // = 224 KB: one Q / dO stage is all that fits.
 constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool /*causal_or_local*/) {
+  if (d <= 64) return {FLASH3_BWD_D64_TILE_M, 128, 2, 2, 2, 24, 240, false};
   if (d <= 128) return {64, 128, 2, 2, 2, 24, 240, false};
   if (d <= 192) return {64, 64, 2, 2, 2, 24, 240, true};
   (void)dv;

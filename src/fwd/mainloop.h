@@ -167,6 +167,12 @@ struct FwdMainloop {
 
     clear(tOrO);
     ss.barrier_q.wait(q_phase);
+    if constexpr (Traits::kQInRegs) {
+      // Register-sourced QK^T: this warpgroup's 64 Q rows, once per tile.
+      auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, tiled_mma_qk);
+      auto thr_copy_q = copy_q.get_thread_slice(thread_idx);
+      cute::copy(copy_q, thr_copy_q.partition_S(sQ), thr_copy_q.retile_D(tSrQ));
+    }
 
     int n_block = range.n_max - 1;
 
