@@ -12,42 +12,38 @@
 #error "flash3 kernels need -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED on the CUDA flags (CMakeLists.txt sets it)"
 #endif
 
-// Ablation knobs (-D on the CUDA flags; docs/performance.md, 2026-11-30):
+// Knobs (-D on the CUDA flags). Each was measured (docs/performance.md, 2026-11-30);
+// the defaults are what measured fastest.
+//
 // FLASH3_D64_3WG_LOCAL: the 3-warpgroup d = 64 forward tile for sliding windows too.
-// FLASH3_D64_EXP2_EMU=k: every k-th exp2 of the d = 64 forward softmax on the FMA
-// pipe; off because it measured no gain (k = 8) or a loss (k = 4): the d = 64
-// softmax is latency-bound, not MUFU-bound.
 #ifndef FLASH3_D64_3WG_LOCAL
 #define FLASH3_D64_3WG_LOCAL 0
 #endif
-// FLASH3_FWD_PERSISTENT: persistent CTAs for unmasked d <= 128 (on by default;
-// 0 builds the one-tile-per-CTA kernels for the ablation). Measured 2026-11-30
-// (bench/ab.py, interleaved): +4 to +7% at 2k-4k, +0 to +3% at 8k-16k.
-#ifndef FLASH3_FWD_PERSISTENT
-#define FLASH3_FWD_PERSISTENT 1
-#endif
-// FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128 (ablation knob).
-// Measured 2026-11-30 (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%;
-// off: the d = 128 loop is not limited by the Q operand's shared-memory reads.
-#ifndef FLASH3_FWD_Q_IN_REGS
-#define FLASH3_FWD_Q_IN_REGS 0
-#endif
+// FLASH3_D64_EXP2_EMU=k: every k-th exp2 of the d = 64 forward softmax on the FMA
+// pipe; off because it measured no gain (k = 8) or a loss (k = 4): the d = 64
+// softmax is latency-bound, not MUFU-bound.
 #ifndef FLASH3_D64_EXP2_EMU
 #define FLASH3_D64_EXP2_EMU 0
 #endif
-// Forward tile widths (keys per KV block): unmasked d = 96/128, d = 192 with
-// dv = 192, and d = 256. Any multiple of 16 works now that the extended WGMMA
-// shapes are on (one full-width atom per warpgroup, tests/unit/test_mma_atoms.cu).
-// Measured 2026-11-30 (bf16, interleaved A/B, docs/performance.md): d = 192 at
-// 112 keys +5 to +14% over 64 (kept); d = 128 at 176 -2 to 0% and d = 256 at 80
-// -1 to -4% (not kept: at 128 / 64 the kernels already keep the tensor pipe
-// ~85% busy, and the wider S tile only adds registers and masked-tail work).
-// FLASH3_BWD_D64_TILE_M: query rows per backward iteration at d = 64 (ablation).
-// 128 (FA3's choice) measured 2026-11-30: -7% unmasked, -16 to -19% causal: at
-// 240 registers it spills 136-172 bytes (S^T and dP^T are 64 registers each).
-#ifndef FLASH3_BWD_D64_TILE_M
-#define FLASH3_BWD_D64_TILE_M 64
+// FLASH3_FWD_PERSISTENT: persistent CTAs for unmasked d <= 128 (on by default;
+// 0 builds the one-tile-per-CTA kernels for the ablation). Measured with
+// bench/ab.py (interleaved): +4 to +7% at 2k-4k, +0 to +3% at 8k-16k.
+#ifndef FLASH3_FWD_PERSISTENT
+#define FLASH3_FWD_PERSISTENT 1
 #endif
+// FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128. Measured
+// (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%; off: the d = 128 loop
+// is not limited by the Q operand's shared-memory reads.
+#ifndef FLASH3_FWD_Q_IN_REGS
+#define FLASH3_FWD_Q_IN_REGS 0
+#endif
+// FLASH3_FWD_D{128,192,256}_TILE_N: forward keys per KV block for unmasked
+// d = 96/128, d = 192 with dv = 192, and d = 256. Any multiple of 16 works now
+// that the extended WGMMA shapes are on (one full-width atom per warpgroup,
+// tests/unit/test_mma_atoms.cu). Measured (bf16, interleaved A/B): d = 192 at 112
+// keys +5 to +14% over 64 (kept); d = 128 at 176 -2 to 0% and d = 256 at 80 -1 to
+// -4% (not kept: at 128 / 64 the kernels already keep the tensor pipe ~85% busy,
+// and the wider S tile only adds registers and masked-tail work).
 #ifndef FLASH3_FWD_D128_TILE_N
 #define FLASH3_FWD_D128_TILE_N 128
 #endif
@@ -56,6 +52,12 @@
 #endif
 #ifndef FLASH3_FWD_D256_TILE_N
 #define FLASH3_FWD_D256_TILE_N 64
+#endif
+// FLASH3_BWD_D64_TILE_M: query rows per backward iteration at d = 64. 128
+// (FA3's choice) measured -7% unmasked, -16 to -19% causal: at 240 registers it
+// spills 136-172 bytes (S^T and dP^T are 64 registers each).
+#ifndef FLASH3_BWD_D64_TILE_M
+#define FLASH3_BWD_D64_TILE_M 64
 #endif
 
 namespace flash3 {
@@ -83,10 +85,11 @@ constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_byt
   return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv) + (c.persistent ? c.tile_m * dv : 0)) * elem_bytes + 1024;
 }
 
+// The tile table: shapes, warpgroups, stages and register budgets.
 // causal_or_local: masked problems prefer square-ish tiles (less wasted work on
-// the diagonal); local: a sliding window (left bound), a subset of those. Register budgets from the seed (Listing 5.1):
-// {1 WG: 256/56, 2 WG: 240/24, 3 WG: 160/32}.
-constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false) {
+// the diagonal); local: a sliding window (left bound), a subset of those.
+// Register budgets from the seed (Listing 5.1): {1 WG: 256/56, 2 WG: 240/24, 3 WG: 160/32}.
+constexpr FwdTileConfig fwd_tile_shape(int d, int dv, bool causal_or_local, bool local) {
   if (d <= 64) {
     // Three consumer warpgroups (seed Table 4.1): at d = 64 a warpgroup's
     // softmax (64 exp2 per thread per block, plus the max/sum chains) is as long
@@ -96,14 +99,11 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
     // 2-warpgroup tiles at 4k-16k, unmasked and causal. The sliding-window
     // kernel spills 324 bytes at 160 registers and was not benchmarked, so it
     // keeps two warpgroups at 240 (FLASH3_D64_3WG_LOCAL builds it with three).
-    if (!local || FLASH3_D64_3WG_LOCAL) {
-      return {192, 128, 2, 3, true, true, true, 32, 160, FLASH3_D64_EXP2_EMU, !causal_or_local && FLASH3_FWD_PERSISTENT};
-    }
-    return {128, 128, 2, 2, true, true, true, 24, 240, FLASH3_D64_EXP2_EMU};
+    if (!local || FLASH3_D64_3WG_LOCAL) return {192, 128, 2, 3, true, true, true, 32, 160};
+    return {128, 128, 2, 2, true, true, true, 24, 240};
   }
   if (d <= 128) {
-    return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240, 0,
-            !causal_or_local && FLASH3_FWD_PERSISTENT, bool(FLASH3_FWD_Q_IN_REGS)};
+    return {128, causal_or_local ? 128 : FLASH3_FWD_D128_TILE_N, 2, 2, true, true, true, 24, 240};
   }
   if (d <= 192) {
     // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 112 for
@@ -116,6 +116,19 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   }
   // d = 256: Q 64 KB + 2 x (64 x 256 x 2) x 2 = 192 KB.
   return {128, FLASH3_FWD_D256_TILE_N, 2, 2, true, false, true, 24, 240};
+}
+
+// The table plus the per-head-dim policies, each decided here once.
+constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false) {
+  FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
+  if (d <= 64) c.exp2_emu_every = FLASH3_D64_EXP2_EMU;
+  if (d > 64 && d <= 128) c.q_in_regs = bool(FLASH3_FWD_Q_IN_REGS);
+  // Persistent CTAs need their own sO buffer, which fits next to Q and the K/V
+  // ring only for d <= 128; masked tiles have unequal cost and keep one tile
+  // per CTA in longest-first launch order (a static persistent round-robin
+  // measured 5-13% slower).
+  c.persistent = FLASH3_FWD_PERSISTENT && !causal_or_local && d <= 128;
+  return c;
 }
 
 // ---------------------------------------------------------------- backward
