@@ -6,6 +6,7 @@
 
 #include "common/block_info.h"
 #include "config/tile_size.h"
+#include "head_dims.h"
 
 namespace {
 
@@ -115,8 +116,7 @@ TEST(BlockRange, FloorAndCeilDivOnNegatives) {
 }
 
 TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {
-  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
-  for (auto& d : dims) {
+  for (auto& d : flash3_test::kHeadDimPairs) {
     for (int mask : {0, 1, 2}) {  // none, causal, local
       const flash3::FwdTileConfig c = flash3::fwd_tile_config(d[0], d[1], mask > 0, mask == 2);
       SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1] << " mask=" << mask);
@@ -181,8 +181,7 @@ TEST(BwdBlockRange, MatchesForwardAndCoversVisiblePairs) {
 }
 
 TEST(TileConfig, BackwardFitsSharedMemoryAndRegisters) {
-  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
-  for (auto& d : dims) {
+  for (auto& d : flash3_test::kHeadDimPairs) {
     const flash3::BwdTileConfig c = flash3::bwd_tile_config(d[0], d[1], false);
     SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1]);
     EXPECT_EQ(c.tile_n, c.split_hdim ? 64 : 64 * c.num_mma_wg);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bwd/kernel_traits.h"
+#include "head_dims.h"
 
 namespace {
 
@@ -29,12 +30,7 @@ void expect_offsets_match() {
 }
 
 TEST(BwdSmemOffsets, MatchSwizzledTensorAddresses) {
-  expect_offsets_match<64, 64>();
-  expect_offsets_match<96, 96>();
-  expect_offsets_match<128, 128>();
-  expect_offsets_match<192, 192>();
-  expect_offsets_match<192, 128>();
-  expect_offsets_match<256, 256>();
+  flash3_test::for_each_head_dim_pair([](auto d, auto dv) { expect_offsets_match<d(), dv()>(); });
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "bwd/kernel_traits.h"
 #include "fwd/kernel_traits.h"
+#include "head_dims.h"
 
 namespace {
 
@@ -66,12 +67,7 @@ TEST(MmaAtoms, ExtendedForwardTileWidthsUseFullWidthAtoms) {
 }
 
 TEST(MmaAtoms, BackwardTilesUseFullWidthAtoms) {
-  check_bwd<64, 64>();
-  check_bwd<96, 96>();
-  check_bwd<128, 128>();
-  check_bwd<192, 192>();
-  check_bwd<192, 128>();
-  check_bwd<256, 256>();
+  flash3_test::for_each_head_dim_pair([](auto d, auto dv) { check_bwd<d(), dv()>(); });
 }
 
 }  // namespace
