@@ -31,6 +31,15 @@
 #ifndef FLASH3_FWD_PERSISTENT
 #define FLASH3_FWD_PERSISTENT 1
 #endif
+// FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN: causal d <= 128 problems with
+// seqlen_k up to this run persistent CTAs that claim tiles from a global
+// counter in longest-first order (DynamicLptTileScheduler); longer ones keep
+// one tile per CTA (0: never persistent). Measured (bf16, interleaved A/B,
+// 2026-11-30): +11 to +17% at 1k, +5 to +10% at 2k, -2 to +3% at 4k, -2 to
+// -7% at 8k-16k (a static round-robin lost 5-13% at 2k-16k).
+#ifndef FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
+#define FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN 2048
+#endif
 // FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128. Measured
 // (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%; off: the d = 128 loop
 // is not limited by the Q operand's shared-memory reads.
@@ -44,6 +53,13 @@
 // keys +5 to +14% over 64 (kept); d = 128 at 176 -2 to 0% and d = 256 at 80 -1 to
 // -4% (not kept: at 128 / 64 the kernels already keep the tensor pipe ~85% busy,
 // and the wider S tile only adds registers and masked-tail work).
+// FLASH3_FWD_D256_PINGPONG: pingpong between the two d = 256 consumer
+// warpgroups for unmasked problems. Measured (bf16, interleaved A/B, four runs,
+// 2026-11-30): unmasked 8k +1.8%, 16k +3.0% on average (4k -1 to +1.5%);
+// causal -4 to -7%, so causal keeps it off.
+#ifndef FLASH3_FWD_D256_PINGPONG
+#define FLASH3_FWD_D256_PINGPONG 1
+#endif
 #ifndef FLASH3_FWD_D128_TILE_N
 #define FLASH3_FWD_D128_TILE_N 128
 #endif
@@ -108,28 +124,41 @@ constexpr FwdTileConfig fwd_tile_shape(int d, int dv, bool causal_or_local, bool
   if (d <= 192) {
     // Q 48 KB + 2 stages of K (d) and V (dv): 128 keys fit for dv = 128, 112 for
     // dv = 192 (48 + 2 x 112 x 384 x 2 B = 216 KB).
-    // Pingpong off for d > 128: the O accumulator leaves too few registers for the
-    // overlapped S/P fragments plus the turn-taking slack (seed 5.3).
+    // Pingpong off for d = 192: the O accumulator leaves too few registers for the
+    // overlapped S/P fragments plus the turn-taking slack (seed 5.3). (d = 256,
+    // with 64-key blocks, has the room: FLASH3_FWD_D256_PINGPONG.)
     // Sliding windows keep 64 keys: at 112 that kernel spills 80 bytes (ptxas) and
     // was not measured.
     return {128, dv <= 128 ? 128 : (local ? 64 : FLASH3_FWD_D192_TILE_N), 2, 2, true, false, true, 24, 240};
   }
   // d = 256: Q 64 KB + 2 x (64 x 256 x 2) x 2 = 192 KB.
-  return {128, FLASH3_FWD_D256_TILE_N, 2, 2, true, false, true, 24, 240};
+  return {128, FLASH3_FWD_D256_TILE_N, 2, 2, true, bool(FLASH3_FWD_D256_PINGPONG) && !causal_or_local, true, 24, 240};
 }
 
 // The table plus the per-head-dim policies, each decided here once.
-constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false) {
+// short_causal: the causal variant for seqlen_k <= FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
+// (fwd_short_causal()), built next to the default one.
+constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false,
+                                        bool short_causal = false) {
   FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
   if (d <= 64) c.exp2_emu_every = FLASH3_D64_EXP2_EMU;
   if (d > 64 && d <= 128) c.q_in_regs = bool(FLASH3_FWD_Q_IN_REGS);
   // Persistent CTAs need their own sO buffer, which fits next to Q and the K/V
-  // ring only for d <= 128; masked tiles have unequal cost and keep one tile
-  // per CTA in longest-first launch order (a static persistent round-robin
-  // measured 5-13% slower).
-  c.persistent = FLASH3_FWD_PERSISTENT && !causal_or_local && d <= 128;
+  // ring only for d <= 128. Masked tiles have unequal cost: long causal
+  // problems keep one tile per CTA in longest-first launch order; short ones
+  // gain from overlapping each tile's epilogue with the next tile's loads.
+  const bool persistent_causal = short_causal && !local && FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN > 0;
+  c.persistent = FLASH3_FWD_PERSISTENT && d <= 128 && (!causal_or_local || persistent_causal);
+
   return c;
 }
+
+// Whether a causal forward of this head dim has a short_causal variant, and
+// whether a problem with seqlen_k keys takes it.
+constexpr bool fwd_has_short_causal(int d, int dv) {
+  return fwd_tile_config(d, dv, true, false, true).persistent;
+}
+constexpr bool fwd_short_causal(int seqlen_k) { return seqlen_k <= FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN; }
 
 // ---------------------------------------------------------------- backward
 // One CTA owns tile_n keys (64 per consumer warpgroup) and streams tile_m query

@@ -4,7 +4,8 @@
 //   warpgroups 1..N: consumers, 64 query rows each (setmaxnreg up)
 // Single-tile CTAs run one tile; persistent CTAs (Traits::kPersistent) loop
 // over tiles with the K/V pipeline states, barrier_q's phase and the pingpong
-// turn carried from tile to tile.
+// turn carried from tile to tile. Their tiles come from a static round-robin
+// or, for Scheduler::kDynamic, from a global counter a scheduler thread bumps.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -20,10 +21,14 @@ namespace flash3 {
 
 template <class Traits, class Scheduler>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
-    flash_fwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params) {
+    flash_fwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params, int* tile_counter) {
+  // tile_counter: DynamicLptTileScheduler's claim counter (zeroed before the
+  // launch), null otherwise. A separate argument, not a Params field, so the
+  // other kernels' parameter layout (and code) stays as it was.
   using SharedStorage = typename Traits::SharedStorage;
   using MainloopPipeline = typename Traits::MainloopPipeline;
   using PipelineState = typename Traits::PipelineState;
+  constexpr bool kDynamic = Traits::kPersistent && Scheduler::kDynamic;
   extern __shared__ char smem_buf[];
   SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
 
@@ -38,6 +43,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     prefetch_tma_descriptor(params.tma_store_o.get_tma_descriptor());
     ss.barrier_q.init(1);  // one arrival: the producer's arrive_and_expect_tx
     if constexpr (Traits::kPersistent) ss.barrier_q_empty.init(Traits::kNumMmaThreads);
+    if constexpr (kDynamic) {
+      for (int s = 0; s < 2; ++s) {
+        ss.tile_full[s].init(1);
+        ss.tile_empty[s].init(Traits::kNumMmaThreads + 1);  // + the TMA thread
+      }
+    }
   }
 
   // Full barriers expect the stage's TMA bytes; empty barriers count every
@@ -62,24 +73,72 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   }
   auto tile_at = [&](int linear) {
     if constexpr (Traits::kPersistent) {
-      return Scheduler::tile_at(linear, params.num_m_blocks, params.heads_q);
+      return Scheduler::tile_at(linear, params.num_m_blocks, params.heads_q, params.batch, params.tile_order);
     } else {
       return Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
     }
+  };
+
+  // Dynamic schedule: a scheduler thread (warp 1 of the producer warpgroup)
+  // claims this CTA's tiles and publishes the n-th tile index (>= count: no
+  // more tiles) in slot n % 2. The TMA thread and every consumer thread read
+  // it and release the slot when done with the tile (the TMA thread once its
+  // loads are issued, consumers after the epilogue). The claim is not made in
+  // the TMA thread: at 24 registers, the atomic in its loop made ptxas spill
+  // 160 B (32 registers would fit 32 + 2 x 240 = 64K exactly, but the
+  // consumers' setmaxnreg.inc then never returned: the kernels hung).
+  auto publish_tile = [&](int n, int linear) {
+    const int slot = n & 1;
+    if (n >= 2) ss.tile_empty[slot].wait(((n >> 1) - 1) & 1);
+    ss.tile_slot[slot] = linear;
+    ss.tile_full[slot].arrive();  // release: the slot write is visible to the waiters
+  };
+  auto receive_tile = [&](int n) {
+    ss.tile_full[n & 1].wait((n >> 1) & 1);
+    return ss.tile_slot[n & 1];
   };
 
   if (warp_group_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp_idx == 0 && lane == 0) {
       PipelineState write = cutlass::make_producer_start_state<MainloopPipeline>();
-      int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
-      for (int linear = first; linear < count; linear += stride) {
-        const TileCoord tile = tile_at(linear);
-        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
-        if (range.empty()) continue;
-        FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write,
-                                  loaded > 0 ? (loaded - 1) & 1 : -1);
-        ++loaded;
+      if constexpr (kDynamic) {
+        // n: this CTA's tile count so far. The consumers release
+        // barrier_q_empty once per tile (masked-out tiles too), so tile n
+        // (n > 0) waits for phase n - 1 before its Q overwrites sQ: one
+        // counter for the tile slots and the Q phase (24 registers here).
+        for (int n = 0;; ++n) {
+          const int linear = receive_tile(n);
+          if (linear >= count) break;
+          const TileCoord tile = tile_at(linear);
+          const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          const int q_empty_phase = n > 0 ? (n - 1) & 1 : -1;
+          if (!range.empty()) {
+            FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write, q_empty_phase);
+          } else if (q_empty_phase >= 0) {
+            ss.barrier_q_empty.wait(q_empty_phase);  // keep in step with the per-tile releases
+          }
+          ss.tile_empty[n & 1].arrive();
+        }
+      } else {
+        int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
+        for (int linear = first; linear < count; linear += stride) {
+          const TileCoord tile = tile_at(linear);
+          const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          if (range.empty()) continue;
+          FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write,
+                                    loaded > 0 ? (loaded - 1) & 1 : -1);
+          ++loaded;
+        }
+      }
+    } else if (kDynamic && warp_idx == 1 && lane == 0) {
+      // Tile n + 1 is claimed once slot (n + 1) % 2 is free, i.e. while tile n
+      // runs: at most one claimed tile waits per CTA.
+      int linear = first;
+      for (int n = 0;; ++n) {
+        publish_tile(n, linear);
+        if (linear >= count) break;
+        linear = atomicAdd(tile_counter, 1) + stride;
       }
     }
   } else {
@@ -89,23 +148,50 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     FwdMainloop<Traits>::scheduler_init(thread_idx / 128);
     PipelineState read;  // index 0, phase 0
     int loaded = 0;      // tiles whose Q this thread has consumed (barrier_q phase)
-    for (int linear = first; linear < count; linear += stride) {
-      const TileCoord tile = tile_at(linear);
-      const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
-      Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
-      constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-      OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
-      if (!range.empty()) {
-        FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
-                                 loaded & 1);
-        // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
-        // the producer may load the next tile's Q.
-        if constexpr (Traits::kPersistent) ss.barrier_q_empty.arrive();
-        ++loaded;
-      } else {
-        clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+    if constexpr (kDynamic) {
+      for (int n = 0;; ++n) {
+        const int linear = receive_tile(n);
+        if (linear >= count) break;
+        const TileCoord tile = tile_at(linear);
+        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
+        constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
+        OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+        if (!range.empty()) {
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
+                                   loaded & 1);
+          ++loaded;
+        } else {
+          clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+        }
+        ss.barrier_q_empty.arrive();  // once per tile, masked-out ones too (see the producer)
+        FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+        ss.tile_empty[n & 1].arrive();  // slot n % 2 may take tile n + 2
       }
-      FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+    } else {
+      // (Kept exactly as it was before the dynamic loop was added. A first
+      // version shared one loop body between the two, routed the tile order
+      // through a linear-index helper and grew Params: the spill-bound d = 64
+      // causal kernel then compiled differently and measured 3-5% slower. With
+      // the three undone, its PTX is unchanged.)
+      for (int linear = first; linear < count; linear += stride) {
+        const TileCoord tile = tile_at(linear);
+        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
+        constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
+        OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+        if (!range.empty()) {
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
+                                   loaded & 1);
+          // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
+          // the producer may load the next tile's Q.
+          if constexpr (Traits::kPersistent) ss.barrier_q_empty.arrive();
+          ++loaded;
+        } else {
+          clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
+        }
+        FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+      }
     }
     if constexpr (Traits::kPersistent) FwdEpilogue<Traits>::drain(thread_idx);
   }

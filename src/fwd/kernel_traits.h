@@ -12,9 +12,9 @@ namespace flash3 {
 using namespace cute;
 
 // A tile-config "value type": Cfg::value is the FwdTileConfig to build.
-template <int D, int DV, bool kCausalOrLocal, bool kLocal = false>
+template <int D, int DV, bool kCausalOrLocal, bool kLocal = false, bool kShortCausal = false>
 struct DefaultFwdConfig {
-  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal);
+  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal, kShortCausal);
 };
 
 template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
@@ -122,6 +122,12 @@ struct FwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;
     typename MainloopPipeline::SharedStorage pipeline_k;
     typename MainloopPipeline::SharedStorage pipeline_v;
+    // Dynamic persistent CTAs (DynamicLptTileScheduler): the producer claims
+    // each next tile and hands its index to the consumers through a two-slot
+    // ring (full: one producer arrival; empty: every consumer thread).
+    alignas(16) cutlass::arch::ClusterBarrier tile_full[2];
+    alignas(16) cutlass::arch::ClusterBarrier tile_empty[2];
+    int tile_slot[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");

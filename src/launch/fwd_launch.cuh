@@ -84,7 +84,21 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   } else {
     grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
   }
-  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
+  if constexpr (Traits::kPersistent && Scheduler::kDynamic) {
+    // The tile counter: stream-ordered scratch, zeroed before the kernel (one
+    // 4-byte memset; safe under concurrent launches on other streams and in
+    // CUDA graphs, unlike a shared counter that the kernel resets itself).
+    int* tile_counter = nullptr;
+    FLASH3_CUDA_TRY(cudaMallocAsync(&tile_counter, sizeof(int), stream));
+    Status s = cuda_status(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)");
+    if (s.ok()) {
+      kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp, tile_counter);
+      s = check_last_launch("flash3 forward kernel launch");
+    }
+    Status freed = cuda_status(cudaFreeAsync(tile_counter, stream), "cudaFreeAsync(tile counter)");
+    return s.ok() ? freed : s;
+  }
+  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp, nullptr);
   return check_last_launch("flash3 forward kernel launch");
 }
 
@@ -109,10 +123,12 @@ struct AblatedFwdConfig {
 // Defined in fwd_ablation*.cu (ablation builds) or fwd_ablation_stub.cu.
 Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream);
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal,
+          bool kShortCausal = false>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
-  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>;
-  using Sched = std::conditional_t<Base::value.persistent, PersistentTileScheduler, Scheduler>;
+  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft, kShortCausal>;
+  using PersistentSched = std::conditional_t<kCausalOrLocal, DynamicLptTileScheduler, PersistentTileScheduler>;
+  using Sched = std::conditional_t<Base::value.persistent, PersistentSched, Scheduler>;
   return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Sched>(p, stream);
 }
 
@@ -123,7 +139,14 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.schedule != FwdSchedule::kDefault && p.schedule != FwdSchedule::kNoLpt && p.schedule != FwdSchedule::kLptGlobal)
     return run_fwd_ablation(p, stream);
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
-  if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+  if (p.is_causal) {
+    if constexpr (fwd_has_short_causal(kHeadDim, kHeadDimV)) {
+      if (fwd_short_causal(p.seqlen_k) && p.schedule == FwdSchedule::kDefault) {
+        return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true, true>(p, stream);
+      }
+    }
+    return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+  }
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
 }
 

@@ -7,6 +7,10 @@
 //    "longest processing time first" schedule falls out of the launch order.
 //  * PersistentTileScheduler: unmasked problems, one CTA per SM looping over
 //    tiles, so the next tile's loads overlap this tile's epilogue.
+//  * DynamicLptTileScheduler: causal problems, one CTA per SM taking the next
+//    tile of the longest-first order from a global counter when it needs one
+//    (a static round-robin over that order measured 5-13% slower than
+//    one-tile CTAs: unequal tiles need the greedy, dynamic assignment).
 #pragma once
 #include <cutlass/cutlass.h>
 
@@ -17,6 +21,7 @@ struct TileCoord {
 };
 
 struct SingleTileScheduler {
+  static constexpr bool kDynamic = false;
   static dim3 grid(int num_m_blocks, int heads, int batch, int /*order*/) {
     return dim3(num_m_blocks, heads, batch);
   }
@@ -33,10 +38,15 @@ struct SingleTileScheduler {
 //         wave then reads few heads' K/V (L2 reuse, which the global order
 //         loses at short seqlens) while the tail is still short tiles.
 struct LptTileScheduler {
+  static constexpr bool kDynamic = false;
   static dim3 grid(int num_m_blocks, int heads, int batch, int order) {
     if (order < 0) return dim3(num_m_blocks, heads, batch);
     return dim3(heads * batch, num_m_blocks, 1);
   }
+  // (Written out from the block indices, not through from_linear: the d = 64
+  // causal kernel is spill-bound at 160 registers, and a version that took
+  // that detour, with two other small changes, compiled differently and
+  // measured 3-5% slower at 4k-16k; see src/fwd/kernel.h.)
   CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, int order) {
     if (order < 0) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
     const int hb_total = int(gridDim.x);
@@ -54,6 +64,20 @@ struct LptTileScheduler {
     }
     return {num_m_blocks - 1 - rank, hb % heads, hb / heads};
   }
+  // The same order by launch rank lin (0 = first) for order >= 0, for the
+  // persistent causal scheduler; hb_total = heads x batch.
+  CUTLASS_HOST_DEVICE static TileCoord from_linear(int lin, int num_m_blocks, int heads, int hb_total, int order) {
+    int hb = lin % hb_total, rank = lin / hb_total;  // order 0
+    if (order > 0) {
+      const int group = lin / (order * num_m_blocks);
+      const int r = lin - group * order * num_m_blocks;
+      const int rest = hb_total - group * order;
+      const int gsize = order < rest ? order : rest;
+      hb = group * order + r % gsize;
+      rank = r / gsize;
+    }
+    return {num_m_blocks - 1 - rank, hb % heads, hb / heads};
+  }
 };
 
 // Persistent (unmasked problems): one CTA per SM, CTA c runs tiles c, c + G,
@@ -61,14 +85,32 @@ struct LptTileScheduler {
 // still shares a head's K/V in L2. Tiles cost the same, so the static
 // round-robin needs no work counter.
 struct PersistentTileScheduler {
+  static constexpr bool kDynamic = false;
   static dim3 grid(int num_m_blocks, int heads, int batch, int num_sms) {
     const long tiles = long(num_m_blocks) * heads * batch;
     return dim3(unsigned(tiles < num_sms ? tiles : num_sms), 1, 1);
   }
   CUTLASS_HOST_DEVICE static int num_tiles(int num_m_blocks, int heads, int batch) { return num_m_blocks * heads * batch; }
-  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads) {
+  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads, int /*batch*/,
+                                               int /*order*/) {
     const int hb = linear / num_m_blocks;
     return {linear - hb * num_m_blocks, hb % heads, hb / heads};
+  }
+};
+
+// Persistent causal CTAs: CTA c starts on tile c of LptTileScheduler's
+// longest-first order; each later tile is the next unclaimed one,
+// G + atomicAdd(counter, 1) (G = grid size, counter zeroed before the launch).
+// A CTA that finishes early takes the next tile, as the hardware does for
+// one-tile CTAs, so the greedy longest-first balance is kept while the next
+// tile's loads still overlap this tile's epilogue. Each CTA's last fetch
+// returns a value >= num_tiles, so one launch adds exactly num_tiles to the
+// counter.
+struct DynamicLptTileScheduler : PersistentTileScheduler {
+  static constexpr bool kDynamic = true;
+  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads, int batch, int order) {
+    if (order < 0) return PersistentTileScheduler::tile_at(linear, num_m_blocks, heads, batch, order);
+    return LptTileScheduler::from_linear(linear, num_m_blocks, heads, heads * batch, order);
   }
 };
 

@@ -2,6 +2,8 @@
 // kernel iterates (src/common/block_info.h), and the tile-size table.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <random>
 
 #include "common/block_info.h"
@@ -127,6 +129,27 @@ TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {
       EXPECT_EQ(c.consumer_regs % 8, 0);  // setmaxnreg takes multiples of 8
     }
   }
+}
+
+// The short-causal variant (persistent, dynamic tile claims) differs from the
+// default causal tile only in `persistent`; it exists exactly for d <= 128, and
+// the launcher takes it for seqlen_k up to the threshold only.
+TEST(TileConfig, ShortCausalVariantIsTheCausalTilePersistent) {
+  for (auto& d : flash3_test::kHeadDimPairs) {
+    SCOPED_TRACE(testing::Message() << "d=" << d[0] << " dv=" << d[1]);
+    const flash3::FwdTileConfig a = flash3::fwd_tile_config(d[0], d[1], true, false, false);
+    const flash3::FwdTileConfig b = flash3::fwd_tile_config(d[0], d[1], true, false, true);
+    EXPECT_FALSE(a.persistent);
+    EXPECT_EQ(flash3::fwd_has_short_causal(d[0], d[1]), FLASH3_FWD_PERSISTENT && d[0] <= 128 && FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN > 0);
+    EXPECT_EQ(b.persistent, flash3::fwd_has_short_causal(d[0], d[1]));
+    EXPECT_EQ(std::make_tuple(a.tile_m, a.tile_n, a.num_stages, a.num_mma_wg, a.pingpong, a.producer_regs, a.consumer_regs),
+              std::make_tuple(b.tile_m, b.tile_n, b.num_stages, b.num_mma_wg, b.pingpong, b.producer_regs, b.consumer_regs));
+    EXPECT_LE(flash3::fwd_smem_bytes(b, d[0], d[1], 2), 227 * 1024);
+    // The local (window) kernel never takes it.
+    EXPECT_FALSE(flash3::fwd_tile_config(d[0], d[1], true, true, true).persistent);
+  }
+  EXPECT_TRUE(flash3::fwd_short_causal(FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN));
+  EXPECT_FALSE(flash3::fwd_short_causal(FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN + 1));
 }
 
 // Backward: KV block n visits query block m exactly when the forward's query
