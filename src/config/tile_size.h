@@ -35,8 +35,11 @@
 // seqlen_k up to this run persistent CTAs that claim tiles from a global
 // counter in longest-first order (DynamicLptTileScheduler); longer ones keep
 // one tile per CTA (0: never persistent). Measured (bf16, interleaved A/B,
-// 2026-11-30): +11 to +17% at 1k, +5 to +10% at 2k, -2 to +3% at 4k, -2 to
-// -7% at 8k-16k (a static round-robin lost 5-13% at 2k-16k).
+// 2026-11-30, forced on for every seqlen), with just-in-time claims: d = 128
+// 1k/2k/4k/8k/16k +17.0/+8.8/+2.7/-1.6/+0.3%, d = 64 +15.1/+9.9/+2.6/0.0/-1.2%
+// (claiming a whole tile ahead: -2 to -7% at 8k-16k; a static round-robin:
+// -5 to -13% at 2k-16k). 4k's +3% is one run; the threshold stays at 2k until
+// a full run confirms it.
 #ifndef FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
 #define FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN 2048
 #endif

@@ -127,6 +127,8 @@ struct FwdTraits {
     // ring (full: one producer arrival; empty: every consumer thread).
     alignas(16) cutlass::arch::ClusterBarrier tile_full[2];
     alignas(16) cutlass::arch::ClusterBarrier tile_empty[2];
+    // The TMA thread has issued its current tile's loads: claim the next one.
+    alignas(16) cutlass::arch::ClusterBarrier tile_request;
     int tile_slot[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
