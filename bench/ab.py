@@ -44,7 +44,6 @@ def main():
 
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("ab.py: needs a Hopper (sm_90) GPU")
@@ -92,20 +91,7 @@ def main():
                             raise SystemExit(f"{name}: {lib.last_error()}")
                     if not args.no_cudnn:
                         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-                        if pss == "fwd":
-                            def cud():
-                                with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
-                        else:
-                            qg, kg, vg = (t.detach().requires_grad_(True) for t in (qt, kt, vt))
-                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale)
-                            dog = torch.randn_like(og)
-
-                            def cud(og=og, dog=dog, g=(qg, kg, vg)):
-                                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                                    return torch.autograd.grad(og, g, dog, retain_graph=True)
-                        fns["cuDNN"] = cud
+                        fns["cuDNN"] = bench.cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss)
                     times = {n: [] for n in names}
                     for rnd in range(args.rounds):
                         # Rotate who goes first: the first contender after a pause

@@ -17,6 +17,7 @@ Usage:
 Exit status: 0 ok, 1 a check failed (or the library could not be loaded), 2 no Hopper GPU.
 """
 import argparse
+import contextlib
 import csv
 import ctypes
 import math
@@ -168,7 +169,11 @@ def time_cuda(torch, fn, iters, warmup, budget_s=3.0):
     e.record()
     torch.cuda.synchronize()
     probe_ms = max(s.elapsed_time(e), 1e-3)
-    n = int(max(5, min(iters, budget_s * 1000.0 / probe_ms)))
+    return events_median(torch, fn, int(max(5, min(iters, budget_s * 1000.0 / probe_ms))))
+
+
+def events_median(torch, fn, n):
+    """Median milliseconds of n back-to-back runs of fn(), each bracketed by CUDA events."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
@@ -177,6 +182,26 @@ def time_cuda(torch, fn, iters, warmup, budget_s=3.0):
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(st.elapsed_time(en) for st, en in zip(starts, ends))
+
+
+def cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss):
+    """cuDNN (torch SDPA) forward, or backward only (the graph of one forward is
+    kept), on (b, h, s, d) views; for the interleaved / steady-state tools."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if pss == "fwd":
+        def fwd():
+            with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+        return fwd
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (qt, kt, vt))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale)
+    dog = torch.randn_like(og)
+
+    def bwd():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(og, (qg, kg, vg), dog, retain_graph=True)
+    return bwd
 
 
 class RowResult:
@@ -211,6 +236,11 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (fewer for big shapes)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time flash3 / cuDNN / FA2 round-robin this many times per row (order rotating) and "
+                         "report the median over rounds. Each timing is still a short burst, which under the "
+                         "power cap favours the kernel that keeps its boost clock longer (docs/performance.md, "
+                         "2026-11-30 fourth session); bench/steady.py times sustained load")
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // seqlen)")
     ap.add_argument("--hidden", type=int, default=2048, help="hidden size (heads = hidden // hdim)")
     ap.add_argument("--csv", default=None, help="write every row to this CSV file")
@@ -301,7 +331,7 @@ def main():
                     r.flops = f if pss == "fwd" else 2.5 * f
                     try:
                         run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup,
-                                not args.no_check)
+                                not args.no_check, args.rounds)
                     except torch.cuda.OutOfMemoryError as e:  # keep going with the next row
                         r.check = "OOM"
                         print(f"  out of memory: {e}")
@@ -326,8 +356,20 @@ def main():
     sys.exit(1 if any_fail else 0)
 
 
-def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup, do_check):
+def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup, do_check,
+            rounds=1):
     causal, pss = r.causal, r.pss
+    # rounds == 1: each contender is timed right after its probe / check (the
+    # method of every run before 2026-11-30's fourth session). rounds > 1: the
+    # contenders that ran are collected (who -> (fn, context factory)) and timed
+    # round-robin at the end (time_rounds), so their buffers stay alive: `keep`.
+    timers, keep = {}, []
+
+    def measure(who, fn, ctx=None):
+        if rounds <= 1:
+            r.ms[who] = time_cuda(torch, fn, iters, warmup)
+        else:
+            timers[who] = (fn, ctx)
     b, s, h, d = q.shape
     # SDPA layout (b, h, s, d): transposed views of the same (b, s, h, d) tensors.
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -358,7 +400,7 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
             elif pss == "fwd":
                 if do_check:
                     check_fwd(torch, F, sdpa_ctx, r, q, k, v, out, scale, causal)
-                r.ms["flash3"] = time_cuda(torch, lambda: lib.lib.flash3_forward(*fwd_args), iters, warmup)
+                measure("flash3", lambda: lib.lib.flash3_forward(*fwd_args))
             else:  # bwd
                 if not lib.lib.flash3_backward_is_built(f3_dtype, d, d):
                     r.note["flash3"] = "not built"
@@ -381,9 +423,9 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
                     else:
                         if do_check:
                             check_bwd(torch, F, sdpa_ctx, r, q, k, v, dout, (dq, dk, dv), scale, causal)
-                        r.ms["flash3"] = time_cuda(torch, lambda: lib.lib.flash3_backward(*bwd_args), iters, warmup)
-                    del dout, dq, dk, dv, ws
-        del out, lse
+                        measure("flash3", lambda: lib.lib.flash3_backward(*bwd_args))
+                    keep += [dout, dq, dk, dv, ws, tdo, tdq, tdk, tdv]
+        keep += [out, lse, tq, tk, tv, to, tl]
 
     # ---------------- torch SDPA baselines ----------------
     for who, backend in (("cudnn", "CUDNN_ATTENTION"), ("fa2", "FLASH_ATTENTION")):
@@ -393,7 +435,7 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
                 with torch.no_grad(), sdpa_ctx(backend):
                     fn()  # raises here when the backend cannot run this shape
-                    r.ms[who] = time_cuda(torch, fn, iters, warmup)
+                    measure(who, fn, lambda backend=backend: _nograd_ctx(torch, sdpa_ctx, backend))
             else:
                 qg = q.detach().requires_grad_(True)
                 kg = k.detach().requires_grad_(True)
@@ -403,18 +445,42 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
                                                        is_causal=causal, scale=scale)
                 do = torch.randn_like(o)
 
-                def fn():  # backward only: the graph of the precomputed output is kept
-                    return torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+                def fn(o=o, do=do, g=(qg, kg, vg)):  # backward only: the graph of the precomputed output is kept
+                    return torch.autograd.grad(o, g, do, retain_graph=True)
                 with sdpa_ctx(backend):
                     fn()
-                    r.ms[who] = time_cuda(torch, fn, iters, warmup)
-                del o, do, qg, kg, vg
+                    measure(who, fn, lambda backend=backend: sdpa_ctx(backend))
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001  (backend cannot run this shape)
             r.note[who] = "n/a"
             msg = str(e).strip().splitlines()
             print(f"  {who} d={d} s={s} causal={causal} {pss}: not available ({msg[0][:160] if msg else type(e).__name__})")
+
+    if timers:
+        time_rounds(torch, r, timers, iters, warmup, rounds)
+
+
+def _nograd_ctx(torch, sdpa_ctx, backend):
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(sdpa_ctx(backend))
+    return stack
+
+
+def time_rounds(torch, r, timers, iters, warmup, rounds):
+    """r.ms[who] = median over `rounds` rounds of time_cuda(fn); each round times every
+    contender once, the first contender rotating from round to round."""
+    names = list(timers)
+    times = {n: [] for n in names}
+    for rnd in range(max(1, rounds)):
+        k = rnd % len(names) if names else 0
+        for who in names[k:] + names[:k]:
+            fn, ctx = timers[who]
+            with (ctx() if ctx else contextlib.nullcontext()):
+                times[who].append(time_cuda(torch, fn, iters, warmup))
+    for who in names:
+        r.ms[who] = statistics.median(times[who])
 
 
 # ---------------------------------------------------------------------------

@@ -38,10 +38,10 @@
 // 2026-11-30, forced on for every seqlen), with just-in-time claims: d = 128
 // 1k/2k/4k/8k/16k +17.0/+8.8/+2.7/-1.6/+0.3%, d = 64 +15.1/+9.9/+2.6/0.0/-1.2%
 // (claiming a whole tile ahead: -2 to -7% at 8k-16k; a static round-robin:
-// -5 to -13% at 2k-16k). 4k's +3% is one run; the threshold stays at 2k until
-// a full run confirms it.
+// -5 to -13% at 2k-16k). The threshold covers 4k since 2026-11-30 (fourth
+// session; full runs in docs/performance.md).
 #ifndef FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
-#define FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN 2048
+#define FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN 4096
 #endif
 // FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128. Measured
 // (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%; off: the d = 128 loop
