@@ -473,8 +473,8 @@ def time_rounds(torch, r, timers, iters, warmup, rounds):
     contender once, the first contender rotating from round to round."""
     names = list(timers)
     times = {n: [] for n in names}
-    for rnd in range(max(1, rounds)):
-        k = rnd % len(names) if names else 0
+    for rnd in range(rounds):
+        k = rnd % len(names)
         for who in names[k:] + names[:k]:
             fn, ctx = timers[who]
             with (ctx() if ctx else contextlib.nullcontext()):
