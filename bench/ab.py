@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--no-cudnn", action="store_true")
+    ap.add_argument("--warmup-ms", type=float, default=0.0,
+                    help="> 0: time each contender after this long of back-to-back calls (sustained load: "
+                         "the clocks the power cap allows for that kernel), --iters timed calls after it")
     args = ap.parse_args()
 
     import torch
@@ -97,7 +100,10 @@ def main():
                         # Rotate who goes first: the first contender after a pause
                         # otherwise meets lower clocks every round.
                         for n in names[rnd % len(names):] + names[:rnd % len(names)]:
-                            times[n].append(bench.time_cuda(torch, fns[n], args.iters, 10, budget_s=2.0))
+                            if args.warmup_ms > 0:
+                                times[n].append(bench.sustained_median(torch, fns[n], args.warmup_ms, args.iters))
+                            else:
+                                times[n].append(bench.time_cuda(torch, fns[n], args.iters, 10, budget_s=2.0))
                     flops = bench.fwd_flops(b, h, seqlen, seqlen, hdim, causal) * (1.0 if pss == "fwd" else 2.5)
                     tf = {n: flops / (statistics.median(times[n]) * 1e-3) / 1e12 for n in names}
                     spread = {n: (max(times[n]) - min(times[n])) / statistics.median(times[n]) for n in names}

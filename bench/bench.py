@@ -24,6 +24,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,11 +158,22 @@ def geomean(xs):
 ISSUE_ROWS = {(128, 4096), (128, 8192), (128, 16384), (64, 8192), (64, 16384), (256, 8192), (256, 16384)}
 
 
-def time_cuda(torch, fn, iters, warmup, budget_s=3.0):
-    """Median milliseconds of fn() over up to `iters` runs, each bracketed by CUDA events."""
+def run_for(torch, fn, ms):
+    """Calls fn() back to back for about `ms` milliseconds of wall time."""
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+
+
+def time_cuda(torch, fn, iters, warmup, budget_s=3.0, warmup_ms=0.0):
+    """Median milliseconds of fn() over up to `iters` runs, each bracketed by CUDA events
+    (warmup_ms > 0: after that long of back-to-back calls, i.e. under sustained load)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    run_for(torch, fn, warmup_ms)
     # One probe run decides how many iterations fit the time budget (big shapes get fewer).
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
@@ -182,6 +194,14 @@ def events_median(torch, fn, n):
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(st.elapsed_time(en) for st, en in zip(starts, ends))
+
+
+def sustained_median(torch, fn, warmup_ms, iters):
+    """Median milliseconds of `iters` timed runs of fn(), after running it back to
+    back for `warmup_ms` (so that, under the power cap, the clocks have settled
+    to what sustained use of this kernel gets; see docs/performance.md)."""
+    run_for(torch, fn, warmup_ms)
+    return events_median(torch, fn, iters)
 
 
 def cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss):
@@ -241,6 +261,10 @@ def main():
                          "report the median over rounds. Each timing is still a short burst, which under the "
                          "power cap favours the kernel that keeps its boost clock longer (docs/performance.md, "
                          "2026-11-30 fourth session); bench/steady.py times sustained load")
+    ap.add_argument("--warmup-ms", type=float, default=0.0,
+                    help="> 0: before each timing, run the contender back to back for this long, so it is timed "
+                         "at the clocks sustained load gets under the power cap (bench/steady.py's method; "
+                         "300 is what the README tables use)")
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // seqlen)")
     ap.add_argument("--hidden", type=int, default=2048, help="hidden size (heads = hidden // hdim)")
     ap.add_argument("--csv", default=None, help="write every row to this CSV file")
@@ -331,7 +355,7 @@ def main():
                     r.flops = f if pss == "fwd" else 2.5 * f
                     try:
                         run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup,
-                                not args.no_check, args.rounds)
+                                not args.no_check, args.rounds, args.warmup_ms)
                     except torch.cuda.OutOfMemoryError as e:  # keep going with the next row
                         r.check = "OOM"
                         print(f"  out of memory: {e}")
@@ -357,7 +381,7 @@ def main():
 
 
 def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup, do_check,
-            rounds=1):
+            rounds=1, warmup_ms=0.0):
     causal, pss = r.causal, r.pss
     # rounds == 1: each contender is timed right after its probe / check (the
     # method of every run before 2026-11-30's fourth session). rounds > 1: the
@@ -367,7 +391,7 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
 
     def measure(who, fn, ctx=None):
         if rounds <= 1:
-            r.ms[who] = time_cuda(torch, fn, iters, warmup)
+            r.ms[who] = time_cuda(torch, fn, iters, warmup, warmup_ms=warmup_ms)
         else:
             timers[who] = (fn, ctx)
     b, s, h, d = q.shape
@@ -458,7 +482,7 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
             print(f"  {who} d={d} s={s} causal={causal} {pss}: not available ({msg[0][:160] if msg else type(e).__name__})")
 
     if timers:
-        time_rounds(torch, r, timers, iters, warmup, rounds)
+        time_rounds(torch, r, timers, iters, warmup, rounds, warmup_ms)
 
 
 def _nograd_ctx(torch, sdpa_ctx, backend):
@@ -468,7 +492,7 @@ def _nograd_ctx(torch, sdpa_ctx, backend):
     return stack
 
 
-def time_rounds(torch, r, timers, iters, warmup, rounds):
+def time_rounds(torch, r, timers, iters, warmup, rounds, warmup_ms=0.0):
     """r.ms[who] = median over `rounds` rounds of time_cuda(fn); each round times every
     contender once, the first contender rotating from round to round."""
     names = list(timers)
@@ -478,7 +502,7 @@ def time_rounds(torch, r, timers, iters, warmup, rounds):
         for who in names[k:] + names[:k]:
             fn, ctx = timers[who]
             with (ctx() if ctx else contextlib.nullcontext()):
-                times[who].append(time_cuda(torch, fn, iters, warmup))
+                times[who].append(time_cuda(torch, fn, iters, warmup, warmup_ms=warmup_ms))
     for who in names:
         r.ms[who] = statistics.median(times[who])
 

@@ -29,15 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 
 
-def timed(torch, fn, warmup_ms, iters):
-    t0 = time.perf_counter()
-    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    return bench.events_median(torch, fn, iters)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
@@ -101,7 +92,7 @@ def main():
                     torch.cuda.synchronize()
                     time.sleep(args.gap_s)
                     for name, fn in order:
-                        tf[name].append(flops / (timed(torch, fn, args.warmup_ms, args.iters) * 1e-3) / 1e12)
+                        tf[name].append(flops / (bench.sustained_median(torch, fn, args.warmup_ms, args.iters) * 1e-3) / 1e12)
                 r = [tf["flash3"][0] / tf["cuDNN"][0], tf["flash3"][1] / tf["cuDNN"][1]]
                 ratios.append(math.sqrt(r[0] * r[1]))
                 print(f"| {pss} | {d} | {bench.fmt_len(s)} | {'yes' if causal else 'no'} | "

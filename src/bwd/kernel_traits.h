@@ -196,6 +196,7 @@ struct BwdTraits {
     int heads_q, heads_kv, heads_per_kv, num_m_blocks, seqlen_q_pad;
     float softmax_scale, softmax_scale_log2;
     bool deterministic;
+    int tile_group;  // BwdScheduler: (KV head, batch) pairs per longest-first group (0: one group)
   };
 };
 

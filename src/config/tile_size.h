@@ -78,6 +78,13 @@
 #ifndef FLASH3_BWD_D64_TILE_M
 #define FLASH3_BWD_D64_TILE_M 64
 #endif
+// FLASH3_BWD_L2_SHARE_MB: causal/local backward CTAs go longest-first within
+// groups of heads whose Q, dO and fp32 dQ accumulator fit in this many MB of
+// L2 (bwd_tile_group; 0: one longest-first order over all heads, as before
+// 2026-11-30's fifth session).
+#ifndef FLASH3_BWD_L2_SHARE_MB
+#define FLASH3_BWD_L2_SHARE_MB 16
+#endif
 
 namespace flash3 {
 

@@ -13,6 +13,19 @@
 
 namespace flash3 {
 
+// Longest-first group size for causal/local backward launches (BwdScheduler):
+// how many (KV head, batch) pairs' Q, dO (input dtype) and fp32 dQ accumulator
+// fit in a share of the 50 MB L2 together. Two groups are in flight at a group
+// boundary, so the share is a third of L2.
+inline int bwd_tile_group(const BwdParams& p, int elem_bytes) {
+  constexpr double kL2Share = double(FLASH3_BWD_L2_SHARE_MB) * 1024 * 1024;
+  if (kL2Share <= 0) return 0;
+  const double per_q_head = double(p.seqlen_q > 0 ? p.seqlen_q : 1) *
+                            (p.head_dim * (4.0 + elem_bytes) + p.head_dim_v * double(elem_bytes) + 8.0);
+  const int g = int(kL2Share / (per_q_head * (p.heads_q / p.heads_kv)));
+  return g < 1 ? 1 : g;
+}
+
 template <class Traits, bool kLpt>
 Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStream_t stream) {
   using Element = typename Traits::Element;
@@ -66,6 +79,7 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStre
   kp.softmax_scale = p.softmax_scale;
   kp.softmax_scale_log2 = p.softmax_scale_log2;
   kp.deterministic = p.deterministic;
+  kp.tile_group = kLpt ? bwd_tile_group(p, int(sizeof(typename Traits::Element))) : 0;
 
   auto kernel = flash_bwd_kernel<Traits, kLpt>;
   constexpr int smem = Traits::kSmemBytes;

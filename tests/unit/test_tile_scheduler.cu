@@ -6,6 +6,7 @@
 #include <vector>
 #include <tuple>
 
+#include "bwd/kernel.h"
 #include "scheduler/tile_scheduler.h"
 
 namespace {
@@ -35,6 +36,36 @@ TEST(PersistentTileScheduler, EveryTileExactlyOnce) {
       EXPECT_EQ(S::tile_at(1, m, h, b, 0).m_block, 1);
       EXPECT_EQ(S::tile_at(1, m, h, b, 0).head, 0);
     }
+  }
+}
+
+// Backward longest-first order in head groups (BwdScheduler::lpt_order): every (n_block, head) once;
+// within a head, n_blocks come in ascending launch order (deterministic mode's
+// ordered dQ accumulation relies on it); group g is launched before group
+// g + 1; group 0 / >= heads is the old global order.
+TEST(BwdLptOrder, GroupsAscendingEveryBlockOnce) {
+  for (auto [n, hb, group] : {std::tuple{16, 128, 8}, std::tuple{32, 64, 4}, std::tuple{5, 7, 3}, std::tuple{16, 128, 0},
+                              std::tuple{3, 4, 9}, std::tuple{1, 5, 2}}) {
+    std::set<std::pair<int, int>> seen;
+    std::vector<int> last(hb, -1);
+    for (int lin = 0; lin < n * hb; ++lin) {
+      const flash3::TileCoord t = flash3::BwdScheduler::lpt_order(lin, n, /*heads_kv=*/hb, hb, group);
+      const int nb = t.m_block, h = t.head;
+      ASSERT_EQ(t.batch, 0);
+      ASSERT_GE(nb, 0);
+      ASSERT_LT(nb, n);
+      ASSERT_GE(h, 0);
+      ASSERT_LT(h, hb);
+      EXPECT_TRUE(seen.insert({nb, h}).second) << "block launched twice";
+      EXPECT_EQ(nb, last[h] + 1) << "a head's n_blocks must come in ascending order";
+      last[h] = nb;
+      if (group > 0 && group < hb) {
+        EXPECT_EQ(h / group, lin / (group * n)) << "group g's blocks are launched before group g + 1's";
+      } else {
+        EXPECT_EQ(h, lin % hb);
+      }
+    }
+    EXPECT_EQ(int(seen.size()), n * hb);
   }
 }
 
