@@ -260,7 +260,7 @@ def main():
                     help="time flash3 / cuDNN / FA2 round-robin this many times per row (order rotating) and "
                          "report the median over rounds. Each timing is still a short burst, which under the "
                          "power cap favours the kernel that keeps its boost clock longer (docs/performance.md, "
-                         "2026-11-30 fourth session); bench/steady.py times sustained load")
+                         "2026-11-30 fourth session), unless --warmup-ms is given")
     ap.add_argument("--warmup-ms", type=float, default=0.0,
                     help="> 0: before each timing, run the contender back to back for this long, so it is timed "
                          "at the clocks sustained load gets under the power cap (bench/steady.py's method; "
