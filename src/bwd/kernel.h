@@ -32,7 +32,7 @@ struct BwdScheduler {
   // The forward's grouped longest-first order (LptTileScheduler::from_linear;
   // group 0: one group) with ascending n_block: the forward's longest tiles
   // are its last query blocks, the backward's its first KV blocks.
-  CUTLASS_HOST_DEVICE static TileCoord lpt_order(int lin, int n_blocks, int heads_kv, int hb_total, int group) {
+  CUTLASS_HOST_DEVICE static BwdTile lpt_order(int lin, int n_blocks, int heads_kv, int hb_total, int group) {
     const TileCoord t = LptTileScheduler::from_linear(lin, n_blocks, heads_kv, hb_total, group);
     return {n_blocks - 1 - t.m_block, t.head, t.batch};
   }
@@ -40,11 +40,7 @@ struct BwdScheduler {
     return lpt ? dim3(heads_kv * batch, num_n_blocks, 1) : dim3(num_n_blocks, heads_kv, batch);
   }
   CUTLASS_DEVICE static BwdTile tile(bool lpt, int heads_kv, int group) {
-    if (lpt) {
-      const int n_blocks = int(gridDim.y);
-      const TileCoord t = lpt_order(int(blockIdx.y * gridDim.x + blockIdx.x), n_blocks, heads_kv, int(gridDim.x), group);
-      return {t.m_block, t.head, t.batch};
-    }
+    if (lpt) return lpt_order(int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.y), heads_kv, int(gridDim.x), group);
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   }
 };

@@ -39,18 +39,18 @@ TEST(PersistentTileScheduler, EveryTileExactlyOnce) {
   }
 }
 
-// Backward longest-first order in head groups (BwdScheduler::lpt_order): every (n_block, head) once;
-// within a head, n_blocks come in ascending launch order (deterministic mode's
-// ordered dQ accumulation relies on it); group g is launched before group
-// g + 1; group 0 / >= heads is the old global order.
+// Backward longest-first order in head groups (BwdScheduler::lpt_order): every
+// (n_block, head) once; within a head, n_blocks come in ascending launch order
+// (deterministic mode's ordered dQ accumulation relies on it); group g is
+// launched before group g + 1; group 0 / >= heads is the old global order.
 TEST(BwdLptOrder, GroupsAscendingEveryBlockOnce) {
   for (auto [n, hb, group] : {std::tuple{16, 128, 8}, std::tuple{32, 64, 4}, std::tuple{5, 7, 3}, std::tuple{16, 128, 0},
                               std::tuple{3, 4, 9}, std::tuple{1, 5, 2}}) {
     std::set<std::pair<int, int>> seen;
     std::vector<int> last(hb, -1);
     for (int lin = 0; lin < n * hb; ++lin) {
-      const flash3::TileCoord t = flash3::BwdScheduler::lpt_order(lin, n, /*heads_kv=*/hb, hb, group);
-      const int nb = t.m_block, h = t.head;
+      const flash3::BwdTile t = flash3::BwdScheduler::lpt_order(lin, n, /*heads_kv=*/hb, hb, group);
+      const int nb = t.n_block, h = t.head_kv;
       ASSERT_EQ(t.batch, 0);
       ASSERT_GE(nb, 0);
       ASSERT_LT(nb, n);
