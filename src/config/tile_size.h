@@ -63,6 +63,17 @@
 #ifndef FLASH3_FWD_D256_PINGPONG
 #define FLASH3_FWD_D256_PINGPONG 1
 #endif
+// FLASH3_FWD_RESCALE_SLACK: lazy O rescaling in the forward softmax
+// (OnlineSoftmax::step): a row's stored max moves only when a block's max
+// exceeds it by more than this many powers of two, so in the steady state
+// whole warps skip the O rescale (d_v / 2 FMULs per thread per block at two
+// rows per thread) and P stays <= 2^slack (exact in bf16/fp16; the fp32 row sum
+// and O are unaffected). 0: rescale at every block, as before 2026-11-30 (sixth session).
+// Measured (bf16, sustained A/B, 4k-16k, both masks): d = 256 +3 to +11%,
+// d = 128 +1 to +5%, d = 64 -1 to -5% (d = 64 keeps eager rescaling).
+#ifndef FLASH3_FWD_RESCALE_SLACK
+#define FLASH3_FWD_RESCALE_SLACK 8
+#endif
 #ifndef FLASH3_FWD_D128_TILE_N
 #define FLASH3_FWD_D128_TILE_N 128
 #endif
@@ -105,6 +116,8 @@ struct FwdTileConfig {
   // Q read once per tile from shared memory into registers (ldmatrix) and the
   // QK^T WGMMA register-sourced: halves that GEMM's shared-memory operand traffic.
   bool q_in_regs = false;
+  // Lazy O rescaling threshold in log2 units (0: eager); FLASH3_FWD_RESCALE_SLACK.
+  int rescale_slack = 0;
 };
 
 constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
@@ -153,6 +166,9 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
   if (d <= 64) c.exp2_emu_every = FLASH3_D64_EXP2_EMU;
   if (d > 64 && d <= 128) c.q_in_regs = bool(FLASH3_FWD_Q_IN_REGS);
+  // d = 64 stays eager: its O rescale is only 32 FMULs per thread, and the
+  // vote lengthens the latency-bound softmax chain (measured -1 to -5%).
+  c.rescale_slack = d <= 64 ? 0 : FLASH3_FWD_RESCALE_SLACK;
   // Persistent CTAs need their own sO buffer, which fits next to Q and the K/V
   // ring only for d <= 128. Masked tiles have unequal cost: long causal
   // problems keep one tile per CTA in longest-first launch order; short ones

@@ -30,20 +30,41 @@ struct OnlineSoftmax {
   // four-way split chains, ran 10% slower at head_dim 64).
   // kExp2EmuEvery = k > 0: every k-th column's exp2 runs on the FMA pipe
   // (exp2_fma) instead of the MUFU.
-  template <bool kIsFirst, int kExp2EmuEvery = 0, class TensorS>
-  CUTLASS_DEVICE void step(TensorS& s, float (&row_scale)[kNRows]) {
+  // kSlack > 0 (lazy rescaling): a row keeps its stored max until a block's max
+  // exceeds it by more than kSlack in log2 units, so P stays <= 2^kSlack and
+  // O / row_sum need no rescale for that row (row_scale exactly 1). The result
+  // is unchanged: O, row_sum and the LSE all refer to the same stored max.
+  // Returns whether any row of this warp has row_scale != 1 (warp-uniform, so
+  // the caller can skip rescale_o without divergence); always true for kSlack = 0.
+  template <bool kIsFirst, int kExp2EmuEvery = 0, int kSlack = 0, class TensorS>
+  CUTLASS_DEVICE bool step(TensorS& s, float (&row_scale)[kNRows]) {
     using namespace cute;
     static_assert(decltype(size<0>(s))::value == kNRows);
+    bool grew = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kNRows; ++r) {
-      float mx = row_max[r];
+      const float old_max = row_max[r];
+      float mx = old_max;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
       mx = quad_allreduce(mx, MaxOp{});
+      if constexpr (kSlack > 0 && !kIsFirst) {
+        // -inf -> finite always grows; -inf -> -inf never does (the row stays empty).
+        const bool grow = mx > old_max && (old_max == -INFINITY || (mx - old_max) * scale_log2 > float(kSlack));
+        if (grow) row_max[r] = mx;
+        grew |= grow;
+      } else {
+        row_max[r] = mx;
+      }
       // A row masked so far has max -inf: subtract 0 instead so exp2 gives 0, not NaN.
-      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      row_scale[r] = kIsFirst ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled);
-      row_max[r] = mx;
+      const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      if constexpr (kIsFirst) {
+        row_scale[r] = 1.f;
+      } else if constexpr (kSlack > 0) {
+        row_scale[r] = row_max[r] == old_max ? 1.f : exp2f(old_max * scale_log2 - m_scaled);
+      } else {
+        row_scale[r] = exp2f(old_max * scale_log2 - m_scaled);
+      }
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
@@ -56,6 +77,11 @@ struct OnlineSoftmax {
         sum += s(r, c);
       }
       row_sum[r] = kIsFirst ? sum : row_sum[r] * row_scale[r] + sum;
+    }
+    if constexpr (kSlack > 0 && !kIsFirst) {
+      return __any_sync(0xffffffffu, grew);
+    } else {
+      return !kIsFirst;
     }
   }
 

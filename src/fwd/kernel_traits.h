@@ -33,6 +33,7 @@ struct FwdTraits {
   static constexpr bool kIntraWGOverlap = kCfg.intra_wg_overlap;
   static constexpr bool kPingpong = kCfg.pingpong && kNumMmaWG >= 2;
   static constexpr int kExp2EmuEvery = kCfg.exp2_emu_every;
+  static constexpr int kRescaleSlack = kCfg.rescale_slack;
   static constexpr bool kPersistent = kCfg.persistent;
   static constexpr bool kQInRegs = kCfg.q_in_regs;
   // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,

@@ -4,7 +4,8 @@
 // Consumer schedule with intra-warpgroup overlap, per KV block j (descending):
 //   issue S(j) = Q K(j)^T   | issue O += P(j+1) V(j+1)   (both async)
 //   wait S -> release K(j)  | mask + softmax S(j) while the PV GEMM runs
-//   wait PV -> release V(j+1), P(j) = convert(S(j)), rescale O.
+//   wait PV -> release V(j+1), P(j) = convert(S(j)), rescale O (skipped by
+//   warps whose row maxima did not grow: FLASH3_FWD_RESCALE_SLACK).
 // The first block is a "half block" (GEMM0 + softmax only) and the last PV is a
 // separate half block; the blocks that need a mask are peeled off so the
 // steady-state loop evaluates no mask at all.
@@ -155,6 +156,7 @@ struct FwdMainloop {
     using SFrag = decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor tOrP = make_tensor<Element>(acc_to_operand_a(SFrag{}.layout()));
     float row_scale[kNRows];
+    bool rescale = false;  // some row of this warp has row_scale != 1 (OnlineSoftmax::step)
 
     auto rowcol = [](auto& t) { return make_tensor(t.data(), acc_rowcol(t.layout())); };
     auto to_p = [&](auto& tSrS) {
@@ -187,7 +189,7 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read);
       mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, params, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
-      softmax.template step<true, Traits::kExp2EmuEvery>(s, row_scale);
+      softmax.template step<true, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
       if constexpr (Traits::kIntraWGOverlap) {
         to_p(tSrS);
       } else {
@@ -211,7 +213,7 @@ struct FwdMainloop {
         wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
         if constexpr (Traits::kRescaleOBeforeGemm) {
           Tensor o = rowcol(tOrO);
-          OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+          if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         }
         pipeline_v.consumer_wait(read_v);
         wgmma_gemm<false, -1>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
@@ -220,13 +222,13 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        softmax.template step<false, Traits::kExp2EmuEvery>(s, row_scale);
+        rescale = softmax.template step<false, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
         pipeline_v.consumer_release(read_v);
         to_p(tSrS);
         if constexpr (!Traits::kRescaleOBeforeGemm) {
           Tensor o = rowcol(tOrO);
-          OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+          if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         }
       } else {
         pipeline_k.consumer_wait(read);
@@ -238,9 +240,9 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        softmax.template step<false, Traits::kExp2EmuEvery>(s, row_scale);
+        rescale = softmax.template step<false, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
         Tensor o = rowcol(tOrO);
-        OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         to_p(tSrS);
         pipeline_v.consumer_wait(read);
         wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
@@ -271,7 +273,7 @@ struct FwdMainloop {
     if constexpr (Traits::kIntraWGOverlap) {
       if constexpr (Traits::kRescaleOBeforeGemm) {
         Tensor o = rowcol(tOrO);
-        OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
       }
       pipeline_v.consumer_wait(read);
       wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
