@@ -43,6 +43,14 @@
 #ifndef FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
 #define FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN 4096
 #endif
+// FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC: causal d = 64 takes the dynamic
+// persistent kernel at every seqlen_k. Its steady-state loop has no local
+// memory access; the one-tile-per-CTA d = 64 causal kernel (160 registers)
+// reloads two spilled values per KV block there. Measured (bf16, sustained
+// A/B, 2026-11-30 sixth session): 8k +2.9%, 16k -0.6%.
+#ifndef FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC
+#define FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC 1
+#endif
 // FLASH3_FWD_Q_IN_REGS: register-sourced QK^T for d = 96 / 128. Measured
 // (interleaved A/B): d = 128 -3 to 0%, d = 96 +1 to +4%; off: the d = 128 loop
 // is not limited by the Q operand's shared-memory reads.
@@ -160,7 +168,7 @@ constexpr FwdTileConfig fwd_tile_shape(int d, int dv, bool causal_or_local, bool
 
 // The table plus the per-head-dim policies, each decided here once.
 // short_causal: the causal variant for seqlen_k <= FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN
-// (fwd_short_causal()), built next to the default one.
+// (and every causal d = 64 problem: fwd_short_causal()), built next to the default one.
 constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false,
                                         bool short_causal = false) {
   FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
@@ -184,7 +192,9 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
 constexpr bool fwd_has_short_causal(int d, int dv) {
   return fwd_tile_config(d, dv, true, false, true).persistent;
 }
-constexpr bool fwd_short_causal(int seqlen_k) { return seqlen_k <= FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN; }
+constexpr bool fwd_short_causal(int d, int seqlen_k) {
+  return seqlen_k <= FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN || (d <= 64 && FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC);
+}
 
 // ---------------------------------------------------------------- backward
 // One CTA owns tile_n keys (64 per consumer warpgroup) and streams tile_m query

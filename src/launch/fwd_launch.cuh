@@ -141,7 +141,7 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) {
     if constexpr (fwd_has_short_causal(kHeadDim, kHeadDimV)) {
-      if (fwd_short_causal(p.seqlen_k) && p.schedule == FwdSchedule::kDefault) {
+      if (fwd_short_causal(kHeadDim, p.seqlen_k) && p.schedule == FwdSchedule::kDefault) {
         return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true, true>(p, stream);
       }
     }

@@ -375,6 +375,27 @@ TEST(FwdGpu, PeakedScoresRescaleO) {
   if (ran == 0) GTEST_SKIP() << "not built: no forward kernel in this build";
 }
 
+// Causal d = 64 takes the dynamic persistent kernel at every length
+// (FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC); the matrix stops at 4096 keys, where
+// every d <= 128 head dim does, so this covers the longer problems.
+TEST(FwdGpu, D64CausalLongSequences) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  int ran = 0;
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    if (!flash3::forward_is_built(t, 64, 64)) continue;
+    Case c;
+    c.dtype = t, c.d = 64, c.dv = 64;
+    c.batch = 2, c.sq = 6000, c.sk = 6200, c.hq = 4, c.hkv = 1;
+    c.causal = true;
+    c.name = std::string("long_causal_") + tu::short_dtype(t) + "_d64";
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    if (HasFatalFailure()) return;
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "not built: no d = 64 forward kernel in this build";
+}
+
 // ===========================================================================
 // The GPU reference itself, against the float64 CPU reference.
 // ===========================================================================

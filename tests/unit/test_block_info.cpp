@@ -148,8 +148,12 @@ TEST(TileConfig, ShortCausalVariantIsTheCausalTilePersistent) {
     // The local (window) kernel never takes it.
     EXPECT_FALSE(flash3::fwd_tile_config(d[0], d[1], true, true, true).persistent);
   }
-  EXPECT_TRUE(flash3::fwd_short_causal(FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN));
-  EXPECT_FALSE(flash3::fwd_short_causal(FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN + 1));
+  for (int d : {64, 96, 128}) {
+    EXPECT_TRUE(flash3::fwd_short_causal(d, FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN));
+    EXPECT_EQ(flash3::fwd_short_causal(d, FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN + 1),
+              d <= 64 && FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC);
+    EXPECT_EQ(flash3::fwd_short_causal(d, 1 << 20), d <= 64 && FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC);
+  }
 }
 
 // Backward: KV block n visits query block m exactly when the forward's query
