@@ -74,7 +74,8 @@ def hgmma_loops(insns):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="libflash3.so (or any cubin/ELF) or a cuobjdump -sass text dump")
-    ap.add_argument("--kernel", default="flash_", help="regex on the mangled kernel name (default: flash_)")
+    ap.add_argument("--kernel", default=r"flash_(fwd|bwd)_kernel",
+                    help="regex on the mangled kernel name (default: the forward and backward main kernels)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a reported loop touches local memory")
     args = ap.parse_args()
     pat = re.compile(args.kernel)
