@@ -48,23 +48,17 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
       mx = quad_allreduce(mx, MaxOp{});
+      // Whether the stored max follows this block's (always, when eager).
+      // -inf -> finite always moves; -inf -> -inf never does (the row stays empty).
+      bool moved = true;
       if constexpr (kSlack > 0 && !kIsFirst) {
-        // -inf -> finite always grows; -inf -> -inf never does (the row stays empty).
-        const bool grow = mx > old_max && (old_max == -INFINITY || (mx - old_max) * scale_log2 > float(kSlack));
-        if (grow) row_max[r] = mx;
-        grew |= grow;
-      } else {
-        row_max[r] = mx;
+        moved = mx > old_max && (old_max == -INFINITY || (mx - old_max) * scale_log2 > float(kSlack));
+        grew |= moved;
       }
+      if (moved) row_max[r] = mx;
       // A row masked so far has max -inf: subtract 0 instead so exp2 gives 0, not NaN.
       const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
-      if constexpr (kIsFirst) {
-        row_scale[r] = 1.f;
-      } else if constexpr (kSlack > 0) {
-        row_scale[r] = row_max[r] == old_max ? 1.f : exp2f(old_max * scale_log2 - m_scaled);
-      } else {
-        row_scale[r] = exp2f(old_max * scale_log2 - m_scaled);
-      }
+      row_scale[r] = kIsFirst || !moved ? 1.f : exp2f(old_max * scale_log2 - m_scaled);
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {

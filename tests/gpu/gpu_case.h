@@ -35,6 +35,8 @@ enum class Layout { kContiguous, kPackedQKV, kPadded };
 struct HeadDims {
   int d, dv;
 };
+// Every (head_dim, head_dim_v) pair the library has kernels for (tools/manifest.py).
+inline constexpr HeadDims kAllHeadDims[] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
 struct Seqlens {
   int sq, sk;
 };
@@ -94,8 +96,7 @@ using MatrixParam = std::tuple<DType, HeadDims, Mask, Seqlens, Heads, int>;
 
 inline auto issue_matrix() {
   return ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
-                            ::testing::Values(HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128},
-                                              HeadDims{192, 192}, HeadDims{256, 256}, HeadDims{192, 128}),
+                            ::testing::ValuesIn(kAllHeadDims),
                             ::testing::Values(Mask::kNone, Mask::kCausal, Mask::kWindow128_0, Mask::kWindow256_256),
                             ::testing::Values(Seqlens{1, 1}, Seqlens{17, 17}, Seqlens{128, 128}, Seqlens{1000, 1000},
                                               Seqlens{4096, 4096}, Seqlens{113, 1023}, Seqlens{1023, 113}),

@@ -1109,8 +1109,7 @@ TEST(BwdGpu, VariantsFileMatchesIsBuilt) {
   const std::vector<tu::Variant> vars = tu::read_variants(tu::variants_path(FLASH3_VARIANTS_FILE), &found);
   ASSERT_TRUE(found) << "cannot read " << tu::variants_path(FLASH3_VARIANTS_FILE) << " (set FLASH3_VARIANTS_FILE)";
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
-    for (HeadDims h : {HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128}, HeadDims{192, 192},
-                       HeadDims{256, 256}, HeadDims{192, 128}}) {
+    for (HeadDims h : kAllHeadDims) {
       bool listed = false;
       for (const tu::Variant& v : vars)
         listed |= v.pass == "bwd" && v.dtype == tu::short_dtype(dt) && v.d == h.d && v.dv == h.dv;

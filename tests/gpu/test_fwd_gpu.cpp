@@ -343,6 +343,25 @@ TEST(FwdGpu, ExtraShapes) {
   }
 }
 
+// Runs check_case on every case make(dtype, head dims) returns, for each pair in
+// `dims` whose forward kernel is built (both dtypes); stops at the first fatal
+// failure. Returns how many cases ran.
+template <class Dims, class Make>
+int check_built_cases(const Dims& dims, Make make) {
+  int ran = 0;
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (const HeadDims& h : dims) {
+      if (!flash3::forward_is_built(t, h.d, h.dv)) continue;
+      for (Case& c : make(t, h)) {
+        c.seed = fnv1a(c.name);
+        check_case(c);
+        if (::testing::Test::HasFatalFailure()) return ran;
+        ++ran;
+      }
+    }
+  return ran;
+}
+
 // ===========================================================================
 // Peaked softmax: with softmax_scale 2 (scores of about 30 in log2 units, std)
 // the running row max keeps growing by more than the lazy-rescale slack
@@ -353,26 +372,21 @@ TEST(FwdGpu, ExtraShapes) {
 // ===========================================================================
 TEST(FwdGpu, PeakedScoresRescaleO) {
   FLASH3_SKIP_WITHOUT_HOPPER();
-  const HeadDims all[] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
-  int ran = 0;
-  for (DType t : {DType::kBFloat16, DType::kFloat16})
-    for (const HeadDims& h : all) {
-      if (!flash3::forward_is_built(t, h.d, h.dv)) continue;
-      for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow256_256}) {
-        Case c;
-        c.dtype = t, c.d = h.d, c.dv = h.dv;
-        c.batch = 2, c.sq = 1000, c.sk = 1500, c.hq = 4, c.hkv = 2;
-        c.scale = 2.f;
-        apply_mask(&c, m);
-        c.name = "peaked_" + std::string(tu::short_dtype(t)) + "_d" + std::to_string(h.d) + "x" +
-                 std::to_string(h.dv) + "_" + mask_name(m);
-        c.seed = fnv1a(c.name);
-        check_case(c);
-        if (HasFatalFailure()) return;
-        ++ran;
-      }
+  const int ran = check_built_cases(kAllHeadDims, [](DType t, HeadDims h) {
+    std::vector<Case> cases;
+    for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow256_256}) {
+      Case c;
+      c.dtype = t, c.d = h.d, c.dv = h.dv;
+      c.batch = 2, c.sq = 1000, c.sk = 1500, c.hq = 4, c.hkv = 2;
+      c.scale = 2.f;
+      apply_mask(&c, m);
+      c.name = "peaked_" + std::string(tu::short_dtype(t)) + "_d" + std::to_string(h.d) + "x" +
+               std::to_string(h.dv) + "_" + mask_name(m);
+      cases.push_back(c);
     }
-  if (ran == 0) GTEST_SKIP() << "not built: no forward kernel in this build";
+    return cases;
+  });
+  if (ran == 0 && !HasFatalFailure()) GTEST_SKIP() << "not built: no forward kernel in this build";
 }
 
 // Causal d = 64 takes the dynamic persistent kernel at every length
@@ -380,20 +394,16 @@ TEST(FwdGpu, PeakedScoresRescaleO) {
 // every d <= 128 head dim does, so this covers the longer problems.
 TEST(FwdGpu, D64CausalLongSequences) {
   FLASH3_SKIP_WITHOUT_HOPPER();
-  int ran = 0;
-  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-    if (!flash3::forward_is_built(t, 64, 64)) continue;
+  const HeadDims d64[] = {{64, 64}};
+  const int ran = check_built_cases(d64, [](DType t, HeadDims) {
     Case c;
     c.dtype = t, c.d = 64, c.dv = 64;
     c.batch = 2, c.sq = 6000, c.sk = 6200, c.hq = 4, c.hkv = 1;
     c.causal = true;
     c.name = std::string("long_causal_") + tu::short_dtype(t) + "_d64";
-    c.seed = fnv1a(c.name);
-    check_case(c);
-    if (HasFatalFailure()) return;
-    ++ran;
-  }
-  if (ran == 0) GTEST_SKIP() << "not built: no d = 64 forward kernel in this build";
+    return std::vector<Case>{c};
+  });
+  if (ran == 0 && !HasFatalFailure()) GTEST_SKIP() << "not built: no d = 64 forward kernel in this build";
 }
 
 // ===========================================================================
@@ -679,8 +689,7 @@ TEST(FwdGpu, VariantsFileMatchesIsBuilt) {
   const std::vector<tu::Variant> vars = tu::read_variants(tu::variants_path(FLASH3_VARIANTS_FILE), &found);
   ASSERT_TRUE(found) << "cannot read " << tu::variants_path(FLASH3_VARIANTS_FILE) << " (set FLASH3_VARIANTS_FILE)";
   for (DType dt : {DType::kFloat16, DType::kBFloat16})
-    for (HeadDims h : {HeadDims{64, 64}, HeadDims{96, 96}, HeadDims{128, 128}, HeadDims{192, 192},
-                       HeadDims{256, 256}, HeadDims{192, 128}}) {
+    for (HeadDims h : kAllHeadDims) {
       bool listed = false;
       for (const tu::Variant& v : vars)
         listed |= v.pass == "fwd" && v.dtype == tu::short_dtype(dt) && v.d == h.d && v.dv == h.dv;
