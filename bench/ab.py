@@ -43,6 +43,9 @@ def main():
     ap.add_argument("--warmup-ms", type=float, default=0.0,
                     help="> 0: time each contender after this long of back-to-back calls (sustained load: "
                          "the clocks the power cap allows for that kernel), --iters timed calls after it")
+    ap.add_argument("--deterministic-too", action="store_true",
+                    help="also time every library with opts.deterministic = 1 (contender NAME-det; "
+                         "the cost of deterministic mode, backward)")
     args = ap.parse_args()
 
     import torch
@@ -54,11 +57,14 @@ def main():
     libs = []
     for spec in args.lib:
         name, _, path = spec.partition("=")
-        libs.append((name, bench.Flash3Lib(path)))
+        lib = bench.Flash3Lib(path)
+        libs.append((name, lib, False))
+        if args.deterministic_too:
+            libs.append((name + "-det", lib, True))
     P = ctypes.byref
     stream = torch.cuda.current_stream().cuda_stream
     dt = bench.FLASH3_BF16
-    names = [n for n, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
+    names = [n for n, _, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
     print("| hdim | seqlen | causal | pass | " + " | ".join(f"{n} TFLOP/s (spread)" for n in names) +
           " | " + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
     print("|" + "---:|" * (4 + 2 * len(names) - 1))
@@ -76,9 +82,9 @@ def main():
             for causal in {"on": [True], "off": [False], "both": [False, True]}[args.causal]:
                 for pss in bench.parse_list(args.passes, str):
                     fns = {}
-                    for name, lib in libs:
+                    for name, lib, det in libs:
                         opts = lib.lib.flash3_default_options()
-                        opts.softmax_scale, opts.causal = scale, int(causal)
+                        opts.softmax_scale, opts.causal, opts.deterministic = scale, int(causal), int(det)
                         fwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(tl), P(opts), ctypes.c_void_p(stream))
                         if pss == "fwd":
                             fns[name] = (lambda lib=lib, a=fwd: lib.lib.flash3_forward(*a))

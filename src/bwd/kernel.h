@@ -189,20 +189,28 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_
   const int thread_idx = threadIdx.x, wg = thread_idx / 128, t128 = thread_idx % 128;
   typename Traits::TiledMmadQ mma_dq;
   auto thr = mma_dq.get_thread_slice(thread_idx);
-  Tensor c = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  // (query, column) of each staged value; swapAB accumulators are (column, query).
+  Tensor c = thr.partition_C(make_identity_tensor(typename Traits::ShapedQAcc{}));
   const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + m_block;
   const float* chunk = p.dq_accum + rb * kBlockM * kHeadDim + wg * Traits::kdQChunk;
   CUTLASS_PRAGMA_UNROLL
   for (int v = 0; v < size(c); v += 4) {
     const float4 a = *reinterpret_cast<const float4*>(chunk + v * 128 + t128 * 4);
     const float vals[4] = {a.x, a.y, a.z, a.w};
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; i += 2) {  // fragment pairs (v, v + 1) are adjacent columns
-      cutlass::Array<float, 2> f2;
-      f2[0] = vals[i] * p.softmax_scale;
-      f2[1] = vals[i + 1] * p.softmax_scale;
-      cutlass::NumericArrayConverter<Element, float, 2> cvt;
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(tile + get<0>(c(v + i)) * kRowPitch + get<1>(c(v + i))) = cvt(f2);
+    if constexpr (Traits::kdQSwapAB) {  // fragment pairs are adjacent queries: element stores
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        tile[get<1>(c(v + i)) * kRowPitch + get<0>(c(v + i))] = Element(vals[i] * p.softmax_scale);
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; i += 2) {  // fragment pairs (v, v + 1) are adjacent columns
+        cutlass::Array<float, 2> f2;
+        f2[0] = vals[i] * p.softmax_scale;
+        f2[1] = vals[i + 1] * p.softmax_scale;
+        cutlass::NumericArrayConverter<Element, float, 2> cvt;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(tile + get<0>(c(v + i)) * kRowPitch + get<1>(c(v + i))) = cvt(f2);
+      }
     }
   }
   __syncthreads();

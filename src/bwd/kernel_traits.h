@@ -6,7 +6,10 @@
 //   G1 S^T  = K Q^T      SS  A = sK (K-major)        B = sQ  (K-major)
 //   G2 dP^T = V dO^T     SS  A = sV (K-major)        B = sdO (K-major)
 //   G3 dV  += P^T dO     RS  A = P^T (registers)     B = sdO read MN-major
-//   G4 dQ   = dS K       SS  A = sdS (MN-major)      B = sK read MN-major (N split over warpgroups)
+//   G4 dQ   = dS K       SS  A = sdS (MN-major)      B = sK read MN-major (N split over warpgroups;
+//                                                       tile_m = 128: M split, one query half each)
+//      or dQ^T = K^T dS^T SS A = sK read MN-major    B = sdS (MN-major)   (tile_m = 80: swapAB,
+//                                                       M = head_dim split over warpgroups)
 //   G5 dK  += dS^T Q     RS  A = dS^T (registers)    B = sQ read MN-major
 // Head dim split (d > 128; 64 keys, warpgroup w owns half of the queries of
 // S^T / dP^T and half of the columns of dK / dV / dQ):
@@ -52,12 +55,28 @@ struct BwdTraits {
   static constexpr int kProducerRegs = kCfg.producer_regs;
   static constexpr int kConsumerRegs = kCfg.consumer_regs;
   static constexpr bool kSplitHdim = kCfg.split_hdim;
-  // dQ = dS K: the head_dim columns are split over the consumer warpgroups.
-  static constexpr int kdQCols = kHeadDim / kNumMmaWG;
-  static constexpr int kdQChunk = kBlockM * kdQCols;  // fp32 values per warpgroup and query block
+  // dQ = dS K. With one 64-row query block per warpgroup (tile_m = 128, keys
+  // split) each warpgroup computes all head_dim columns of its own queries:
+  // m64 x n(head_dim) SS reads 4 KB of shared memory per 32 tensor-clocks at
+  // d = 64, where splitting the columns (m128 x n32 per warpgroup) reads 6 KB.
+  // Otherwise the head_dim columns are split over the consumer warpgroups.
+  // A query tile that is not a multiple of the 64-row WGMMA atom (tile_m = 80
+  // at d = 128) computes dQ^T = K^T dS^T instead (swapAB): warpgroup w owns
+  // head_dim rows [64w, 64w + 64) and all tile_m queries (N = tile_m).
+  static constexpr bool kdQSplitM = !kSplitHdim && kBlockM == 64 * kNumMmaWG;
+  static constexpr bool kdQSwapAB = !kSplitHdim && kBlockM % 64 != 0;
+  static constexpr int kdQCols = kdQSplitM ? kHeadDim : kHeadDim / kNumMmaWG;
+  static constexpr int kdQChunk = kBlockM * kHeadDim / kNumMmaWG;  // fp32 values per warpgroup and query block
+  // Wide query tiles (tile_m = 128, keys split) carry S^T and dP^T of 64
+  // registers each next to dK / dV: the LSE is read from shared memory inside
+  // the exp2 loop (not held per column), and dS^T = P^T (dP^T - D) uses the
+  // bf16 P^T that G3 reads, so the fp32 S^T dies at the conversion.
+  static constexpr bool kLeanSdP = !kSplitHdim && kBlockM >= FLASH3_BWD_LEAN_SDP_MIN_TILE_M;
 
   static_assert(kBlockN == (kSplitHdim ? 64 : 64 * kNumMmaWG), "tile_n: 64 keys per consumer warpgroup, or 64 split");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "tile_m must be 64 or 128");
+  static_assert(kBlockM % 16 == 0 && kBlockM <= 128, "tile_m: a multiple of 16, at most 128");
+  static_assert(kBlockM % 64 == 0 || (!kSplitHdim && kHeadDim == 64 * kNumMmaWG),
+                "a tile_m that is not a multiple of 64 needs dQ swapAB: keys split and 64 head_dim rows per warpgroup");
   static_assert(kHeadDim % (16 * kNumMmaWG) == 0 && kHeadDimV % (kSplitHdim ? 16 * kNumMmaWG : 16) == 0,
                 "unsupported head dims");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
@@ -89,10 +108,18 @@ struct BwdTraits {
       SplitN{}));
   using TiledMmadV = std::conditional_t<kSplitHdim, TiledMmadVSS, TiledMmadVRS>;
   using TiledMmadK = std::conditional_t<kSplitHdim, TiledMmadKSS, TiledMmadKRS>;
-  using TiledMmadQ = decltype(make_tiled_mma(
+  using TiledMmadQNormal = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdQCols>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      SplitN{}));
+      std::conditional_t<kdQSplitM, SplitM, SplitN>{}));
+  // dQ^T (head_dim x queries) = K^T (A: sK read MN-major) x dS^T (B: sdS, queries contiguous).
+  using TiledMmadQSwapAB = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      SplitM{}));
+  using TiledMmadQ = std::conditional_t<kdQSwapAB, TiledMmadQSwapAB, TiledMmadQNormal>;
+  // Shape of the dQ accumulator tile: (queries, head_dim), or transposed for swapAB.
+  using ShapedQAcc = std::conditional_t<kdQSwapAB, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
 
   // Swizzle atoms. A buffer read in two orientations must use an atom both
   // reads can decode (seed 8.2): sK is also read MN-major by G4 in per-warpgroup
@@ -132,10 +159,24 @@ struct BwdTraits {
   // offset so the consumers can store with st.shared (unit test:
   // tests/unit/test_bwd_smem_offsets.cu).
   CUTLASS_HOST_DEVICE static uint32_t ds_byte_offset(int query, int key, int stage) {
-    constexpr auto swizzle = get_swizzle_portion(SmemLayoutdS{});
-    constexpr auto linear = get_nonswizzle_portion(SmemLayoutdS{});
-    return swizzle(uint32_t(linear(query, key, stage)) * uint32_t(sizeof(Element)));
+    return ds_swizzle(ds_linear_bytes(query, key, stage));
   }
+  CUTLASS_HOST_DEVICE static uint32_t ds_linear_bytes(int query, int key, int stage) {
+    constexpr auto linear = get_nonswizzle_portion(SmemLayoutdS{});
+    return uint32_t(linear(query, key, stage)) * uint32_t(sizeof(Element));
+  }
+  CUTLASS_HOST_DEVICE static uint32_t ds_swizzle(uint32_t linear_bytes) {
+    constexpr auto swizzle = get_swizzle_portion(SmemLayoutdS{});
+    return swizzle(linear_bytes);
+  }
+
+  // With keys split every warp's accumulator covers queries [0, tile_m), so a
+  // thread's stmatrix rows are queries q < 16 plus 16 i. The swizzle atoms are
+  // at least 16 queries wide, so the unswizzled offset is additive:
+  //   ds_linear_bytes(q + 16 i, key, stage) == ds_linear_bytes(q, key, stage) + ds_linear_bytes(16 i, 0, 0)
+  // (unit test), and a store costs an add of a constant and the swizzle. Without
+  // this nvcc hoisted per-store address terms and spilled them (tile_m = 80 / 128, 2026-11-30).
+  static constexpr bool kdSQueryBlockStep = !kSplitHdim;
 
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;

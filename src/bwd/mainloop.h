@@ -170,7 +170,8 @@ struct BwdMainloop {
   }
 
   // Shared by both consumer layouts: G1 S^T = K Q^T and G2 dP^T = V dO^T
-  // issued back to back (async), the query statistics read meanwhile, then -
+  // issued back to back (async), the query statistics read meanwhile (or,
+  // Traits::kLeanSdP, a column pair at a time inside the exp2 loop), then -
   // once G1 is done - P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) in
   // place (seed 7.1.3: no row max needed). G2 may still run on return.
   template <class MmaS, class MmadP, class TK, class TQ, class TV, class TdO, class TC, class SFrag, class dPFrag>
@@ -185,8 +186,9 @@ struct BwdMainloop {
     pipeline_q.consumer_wait(rq);
     wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
     constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
-    float lse[kNCols];
-    load_stats(lse, ss.smem_lse.data() + rq.index() * kBlockM, tScS_rc);
+    const float* lse_smem = ss.smem_lse.data() + rq.index() * kBlockM;
+    float lse[Traits::kLeanSdP ? 2 : kNCols];
+    if constexpr (!Traits::kLeanSdP) load_stats(lse, lse_smem, tScS_rc);
     if (first) ss.barrier_v.wait(0);
     pipeline_do.consumer_wait(rdo);
     wgmma_gemm<true, -1>(mma_dp, tdPrV, tdPrdO(_, _, _, rdo.index()), tdPrdP);
@@ -196,10 +198,23 @@ struct BwdMainloop {
     if (bwd_tile_needs_mask(params.mask, m_block, n_block, kBlockM, kBlockN)) {
       mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, n_block * kBlockN);
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < size<0>(s); ++r) {
+    if constexpr (Traits::kLeanSdP) {
+      static_assert(kNCols % 2 == 0);
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
+      for (int c = 0; c < kNCols; c += 2) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_smem + get<1>(tScS_rc(0, c)));
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < size<0>(s); ++r) {
+          s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - l.x);
+          s(r, c + 1) = exp2f(s(r, c + 1) * params.softmax_scale_log2 - l.y);
+        }
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(s); ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kNCols; ++c) s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - lse[c]);
+      }
     }
   }
 
@@ -221,6 +236,30 @@ struct BwdMainloop {
         dp(r, c) = p(r, c) * (dp(r, c) - d.x);
         dp(r, c + 1) = p(r, c + 1) * (dp(r, c + 1) - d.y);
       }
+    }
+  }
+
+  // The same from the packed 16-bit P^T that G3 reads (Traits::kLeanSdP):
+  // fragment pairs (v, v + 1) are adjacent queries of one key and share one
+  // 32-bit register, unpacked here with a shift / mask (bf16) or one
+  // conversion (fp16). Converting element by element made nvcc split every
+  // pair into two registers first (PRMT), 20 more live registers and spills
+  // at tile_m = 80 (2026-11-30).
+  template <class TP, class dPFrag, class TC>
+  CUTLASS_DEVICE static void ds_from_packed_p(TP const& rP, dPFrag& tdPrdP, const float* dpsum_smem, TC const& tScS) {
+    static_assert(decltype(size(rP))::value % 2 == 0 && decltype(size<0, 0>(rP))::value == 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < size(rP); v += 2) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(rP.data())[v / 2];
+      float2 p;
+      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+        p = make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      } else {
+        p = __half22float2(reinterpret_cast<__half2 const&>(w));
+      }
+      const float2 d = *reinterpret_cast<const float2*>(dpsum_smem + get<1>(tScS(v)));
+      tdPrdP(v) = p.x * (tdPrdP(v) - d.x);
+      tdPrdP(v + 1) = p.y * (tdPrdP(v + 1) - d.y);
     }
   }
 
@@ -346,8 +385,16 @@ struct BwdMainloop {
     Tensor tdPrdO = thr_dp.partition_fragment_B(sdO);
     Tensor tdVrdO = thr_dv.partition_fragment_B(sdOt);
     Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+    // G4 operands: (dS, K) or, swapAB, (K^T, dS^T).
+    auto dq_operands = [&] {
+      if constexpr (Traits::kdQSwapAB) {
+        return cute::make_tuple(thr_dq.partition_fragment_A(sKt), thr_dq.partition_fragment_B(sdS));
+      } else {
+        return cute::make_tuple(thr_dq.partition_fragment_A(sdS), thr_dq.partition_fragment_B(sKt));
+      }
+    }();
+    auto& tdQrA = get<0>(dq_operands);
+    auto& tdQrB = get<1>(dq_operands);
 
     // (key, query) coordinates of this thread's S^T / dP^T accumulator entries.
     Tensor cS = make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -356,7 +403,7 @@ struct BwdMainloop {
     const uint32_t smem_ds = cute::cast_smem_ptr_to_uint(ss.smem_ds.data());
     using SFrag = decltype(partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{}));
     using dPFrag = decltype(partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{}));
-    using dQFrag = decltype(partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
+    using dQFrag = decltype(partition_fragment_C(mma_dq, typename Traits::ShapedQAcc{}));
 
     typename Traits::PipelineStateQ rq;
     typename Traits::PipelineStatedO rdo;
@@ -378,7 +425,13 @@ struct BwdMainloop {
         wgmma_gemm<false, -1>(mma_dv, tdVrP, tdVrdO(_, _, _, rdo.index()), tdVrdV);
         warpgroup_wait<1>();  // dP^T ready; G3 may still run
 
-        ds_from_p(s, tdPrdP, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);  // dS^T = P^T * (dP^T - D)
+        // dS^T = P^T * (dP^T - D)
+        const float* dpsum_smem = ss.smem_dpsum.data() + rdo.index() * kBlockM;
+        if constexpr (Traits::kLeanSdP) {
+          ds_from_packed_p(rP, tdPrdP, dpsum_smem, tScS);
+        } else {
+          ds_from_p(s, tdPrdP, dpsum_smem, tScS_rc);
+        }
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
         store_pairs(rdS, tScS, smem_ds, ds_stage);
@@ -387,9 +440,14 @@ struct BwdMainloop {
         cutlass::arch::fence_view_async_shared();
         named_barrier_sync(Traits::kNumMmaThreads, BwdBarrier::kPdS);
 
-        // G4: dQ = dS K (this warpgroup's head_dim slice). G5: dK += dS^T Q.
+        // G4: dQ = dS K (this warpgroup's head_dim slice or query half), or dQ^T
+        // = K^T dS^T (swapAB: its head_dim rows). G5: dK += dS^T Q.
         dQFrag tdQrdQ;
-        wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQrdQ);
+        if constexpr (Traits::kdQSwapAB) {
+          wgmma_gemm<true, -1>(mma_dq, tdQrA, tdQrB(_, _, _, ds_stage), tdQrdQ);
+        } else {
+          wgmma_gemm<true, -1>(mma_dq, tdQrA(_, _, _, ds_stage), tdQrB, tdQrdQ);
+        }
         Tensor tdKrdS = make_tensor(rdS.data(), acc_to_operand_a(rdS.layout()));
         wgmma_gemm<false, -1>(mma_dk, tdKrdS, tdKrQ(_, _, _, rq.index()), tdKrdK);
         warpgroup_wait<1>();  // G3 and G4 done: dO stage free, dQ ready
@@ -440,6 +498,7 @@ struct BwdMainloop {
     const int q0 = get<1>(tScS(0)) - 2 * (lane % 4);
     const int my_key = key0 + lane % 8 + 8 * ((lane / 8) % 2);
     const int my_q = q0 + 8 * (lane / 16);
+    const uint32_t linear0 = Traits::ds_linear_bytes(my_q, my_key, stage);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPairs / 4; ++i) {
       uint32_t v[4];
@@ -450,7 +509,9 @@ struct BwdMainloop {
         pair[1] = r(8 * i + 2 * j + 1);
         v[j] = reinterpret_cast<uint32_t const&>(pair);
       }
-      const uint32_t addr = smem_base + Traits::ds_byte_offset(my_q + 16 * i, my_key, stage);
+      const uint32_t addr =
+          smem_base + (Traits::kdSQueryBlockStep ? Traits::ds_swizzle(linear0 + Traits::ds_linear_bytes(16 * i, 0, 0))
+                                                 : Traits::ds_byte_offset(my_q + 16 * i, my_key, stage));
       asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
                    "r"(v[1]), "r"(v[2]), "r"(v[3])
                    : "memory");

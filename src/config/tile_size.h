@@ -92,10 +92,31 @@
 #define FLASH3_FWD_D256_TILE_N 64
 #endif
 // FLASH3_BWD_D64_TILE_M: query rows per backward iteration at d = 64. 128
-// (FA3's choice) measured -7% unmasked, -16 to -19% causal: at 240 registers it
-// spills 136-172 bytes (S^T and dP^T are 64 registers each).
+// (FA3's choice): +7 to +10% over 64 at 2k-16k, both masks (sustained A/B,
+// 2026-11-30, seventh session), once dQ is split over queries and S^T / dP^T
+// (64 registers each) are kept lean (BwdTraits::kdQSplitM, kLeanSdP); before
+// that it spilled 136-172 bytes and measured -7 to -19%.
 #ifndef FLASH3_BWD_D64_TILE_M
-#define FLASH3_BWD_D64_TILE_M 64
+#define FLASH3_BWD_D64_TILE_M 128
+#endif
+// FLASH3_BWD_D128_TILE_M[_CAUSAL]: query rows per backward iteration at
+// d = 128, unmasked / causal-or-local. 80 (FA3's unmasked choice) computes dQ
+// swapAB (BwdTraits::kdQSwapAB) and leaves 1 KB of shared memory free. Two
+// sustained A/Bs against 64 (2026-11-30, seventh session), 2k-16k: unmasked
+// 0.976-1.052, causal 0.993-1.049, about +1.5% on average.
+#ifndef FLASH3_BWD_D128_TILE_M
+#define FLASH3_BWD_D128_TILE_M 80
+#endif
+#ifndef FLASH3_BWD_D128_TILE_M_CAUSAL
+#define FLASH3_BWD_D128_TILE_M_CAUSAL 80
+#endif
+// FLASH3_BWD_LEAN_SDP_MIN_TILE_M: keys-split backward variants with at least
+// this many query rows per iteration read the LSE inside the exp2 loop and
+// build dS^T from the packed 16-bit P^T (BwdTraits::kLeanSdP). At tile_m = 64
+// (d = 128) it adds 41 instructions per iteration and measured no gain
+// (0.963-1.037).
+#ifndef FLASH3_BWD_LEAN_SDP_MIN_TILE_M
+#define FLASH3_BWD_LEAN_SDP_MIN_TILE_M 80
 #endif
 // FLASH3_BWD_L2_SHARE_MB: causal/local backward CTAs go longest-first within
 // groups of heads whose Q, dO and fp32 dQ accumulator fit in this many MB of
@@ -218,16 +239,21 @@ struct BwdTileConfig {
   bool split_hdim;
 };
 
-// Registers per consumer thread (d = dv = 128, keys split): dK 64 + dV 64
-// accumulators live across the loop, S^T 32 + dP^T 32 per iteration, dQ 32
-// after S/dP are dead. d = 256 (head_dim split): dK 64 + dV 64, S^T 16 +
+// Registers per consumer thread (d = dv = 128, keys split, tile_m = 80): dK 64
+// + dV 64 accumulators live across the loop, S^T 40 + dP^T 40 per iteration
+// (S^T dies at its bf16 conversion: kLeanSdP), dQ^T 40 after S/dP are dead.
+// d = 64, tile_m = 128: dK 32 + dV 32, S^T 64 + dP^T 64, dQ 32. d = 256 (head_dim split): dK 64 + dV 64, S^T 16 +
 // dP^T 16, dQ 64.
-// SMEM (d = 128): K 32 + V 32 + 2 x Q 16 + 2 x dO 16 + 2 x dS 16 + dQ staging 32 KB.
+// SMEM (d = 128, tile_m = 80): K 32 + V 32 + 2 x Q 20 + 2 x dO 20 + 2 x dS 20 +
+// dQ staging 40 KB = 226 KB of the 227 KB.
 // SMEM (d = 256): K 32 + V 32 + Q 32 + dO 32 + 2 x (P + dS) 16 + dQ staging 64 KB
 // = 224 KB: one Q / dO stage is all that fits.
-constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool /*causal_or_local*/) {
+constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool causal_or_local) {
   if (d <= 64) return {FLASH3_BWD_D64_TILE_M, 128, 2, 2, 2, 24, 240, false};
-  if (d <= 128) return {64, 128, 2, 2, 2, 24, 240, false};
+  if (d <= 96) return {64, 128, 2, 2, 2, 24, 240, false};
+  if (d <= 128) {
+    return {causal_or_local ? FLASH3_BWD_D128_TILE_M_CAUSAL : FLASH3_BWD_D128_TILE_M, 128, 2, 2, 2, 24, 240, false};
+  }
   if (d <= 192) return {64, 64, 2, 2, 2, 24, 240, true};
   (void)dv;
   return {64, 64, 1, 1, 2, 24, 240, true};

@@ -216,7 +216,7 @@ TEST(TileConfig, BackwardFitsSharedMemoryAndRegisters) {
       EXPECT_EQ(d[0] % (16 * c.num_mma_wg), 0);
       EXPECT_EQ(d[1] % (16 * c.num_mma_wg), 0);
     }
-    EXPECT_EQ(c.tile_m % 64, 0);
+    EXPECT_EQ(c.tile_m % 16, 0);
     EXPECT_LE(flash3::bwd_smem_bytes(c, d[0], d[1], 2), 227 * 1024);
     EXPECT_LE(c.producer_regs * 128 + c.consumer_regs * 128 * c.num_mma_wg, 65536);
   }

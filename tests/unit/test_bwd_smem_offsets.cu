@@ -11,9 +11,8 @@
 
 namespace {
 
-template <int D, int DV>
+template <class T>
 void expect_offsets_match() {
-  using T = flash3::BwdTraits<cutlass::bfloat16_t, D, DV, flash3::DefaultBwdConfig<D, DV, false>, flash3::MaskNone>;
   using L = typename T::SmemLayoutdS;
   // 1024-byte aligned like SharedStorage::smem_ds (the swizzle acts on address bits).
   std::vector<char> buf(cute::cosize_v<L> * 2 + 1024);
@@ -26,11 +25,62 @@ void expect_offsets_match() {
         const long want = reinterpret_cast<char*>(cute::raw_pointer_cast(&s(q, k, st))) - reinterpret_cast<char*>(base);
         mismatches += long(T::ds_byte_offset(q, k, st)) != want;
       }
-  EXPECT_EQ(mismatches, 0) << "d=" << D << " dv=" << DV;
+  EXPECT_EQ(mismatches, 0) << "d=" << T::kHeadDim << " dv=" << T::kHeadDimV << " tile_m=" << T::kBlockM;
+}
+
+// The keys-split consumers step their stmatrix addresses through the
+// unswizzled offset (BwdTraits::kdSQueryBlockStep): check that it is additive
+// for every thread's queries (q < 16), key, stage and 16-query step, and that
+// swizzling it gives the tensor's address.
+template <class T>
+void expect_query_block_step() {
+  if constexpr (T::kdSQueryBlockStep) {
+    int mismatches = 0;
+    for (int st = 0; st < T::kStagesdS; ++st)
+      for (int q = 0; q < 16; ++q)
+        for (int k = 0; k < T::kBlockN; ++k)
+          for (int i = 0; i < T::kBlockM / 16; ++i) {
+            const uint32_t stepped = T::ds_linear_bytes(q, k, st) + T::ds_linear_bytes(16 * i, 0, 0);
+            mismatches += T::ds_linear_bytes(q + 16 * i, k, st) != stepped;
+            mismatches += T::ds_byte_offset(q + 16 * i, k, st) != T::ds_swizzle(stepped);
+          }
+    EXPECT_EQ(mismatches, 0) << "d=" << T::kHeadDim << " tile_m=" << T::kBlockM;
+  }
+}
+
+template <int D, int DV, int kTileM>
+struct TileMConfig {
+  static constexpr flash3::BwdTileConfig value = [] {
+    flash3::BwdTileConfig c = flash3::bwd_tile_config(D, DV, false);
+    c.tile_m = kTileM;
+    return c;
+  }();
+};
+
+template <int D, int kTileM>
+using TileMTraits = flash3::BwdTraits<cutlass::bfloat16_t, D, D, TileMConfig<D, D, kTileM>, flash3::MaskNone>;
+
+TEST(BwdSmemOffsets, QueryBlockStep) {
+  flash3_test::for_each_head_dim_pair([](auto d, auto dv) {
+    expect_query_block_step<
+        flash3::BwdTraits<cutlass::bfloat16_t, d(), dv(), flash3::DefaultBwdConfig<d(), dv(), false>, flash3::MaskNone>>();
+  });
+  // Every query tile the knobs select (FLASH3_BWD_D64_TILE_M, FLASH3_BWD_D128_TILE_M[_CAUSAL]), whichever is built.
+  expect_query_block_step<TileMTraits<64, 64>>();
+  expect_query_block_step<TileMTraits<64, 128>>();
+  expect_query_block_step<TileMTraits<128, 64>>();
+  expect_query_block_step<TileMTraits<128, 80>>();
 }
 
 TEST(BwdSmemOffsets, MatchSwizzledTensorAddresses) {
-  flash3_test::for_each_head_dim_pair([](auto d, auto dv) { expect_offsets_match<d(), dv()>(); });
+  flash3_test::for_each_head_dim_pair([](auto d, auto dv) {
+    expect_offsets_match<
+        flash3::BwdTraits<cutlass::bfloat16_t, d(), dv(), flash3::DefaultBwdConfig<d(), dv(), false>, flash3::MaskNone>>();
+  });
+  expect_offsets_match<TileMTraits<64, 64>>();
+  expect_offsets_match<TileMTraits<64, 128>>();
+  expect_offsets_match<TileMTraits<128, 64>>();
+  expect_offsets_match<TileMTraits<128, 80>>();
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ void check_bwd() {
   EXPECT_EQ(atom_n<typename T::TiledMmadP>(), T::kSdPAtomN);
   EXPECT_EQ(atom_n<typename T::TiledMmadV>(), T::kSplitHdim ? DV / T::kNumMmaWG : DV);
   EXPECT_EQ(atom_n<typename T::TiledMmadK>(), T::kSplitHdim ? D / T::kNumMmaWG : D);
-  EXPECT_EQ(atom_n<typename T::TiledMmadQ>(), T::kdQCols);  // d = 96: 48-column halves
+  EXPECT_EQ(atom_n<typename T::TiledMmadQ>(), T::kdQSwapAB ? T::kBlockM : T::kdQCols);  // d = 96: 48-column halves
 }
 
 TEST(MmaAtoms, ForwardTilesUseFullWidthAtoms) {
