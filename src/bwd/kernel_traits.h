@@ -29,9 +29,9 @@
 namespace flash3 {
 using namespace cute;
 
-template <int D, int DV, bool kCausalOrLocal>
+template <int D, int DV, bool kCausalOrLocal, bool kShortQ = false>
 struct DefaultBwdConfig {
-  static constexpr BwdTileConfig value = bwd_tile_config(D, DV, kCausalOrLocal);
+  static constexpr BwdTileConfig value = bwd_tile_config(D, DV, kCausalOrLocal, kShortQ);
 };
 
 template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>

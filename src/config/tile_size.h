@@ -110,6 +110,13 @@
 #ifndef FLASH3_BWD_D128_TILE_M_CAUSAL
 #define FLASH3_BWD_D128_TILE_M_CAUSAL 80
 #endif
+// FLASH3_BWD_D128_SHORT_SEQLEN: below this many queries d = 128 keeps 64-row
+// query tiles (a second set of kernels): 80 rows pad 512 queries to 560 and
+// measured -4% (causal -10%) at 512 and -2% at 1k, against +-1% at 2k
+// (sustained table, 2026-11-30 seventh session). 0 disables the short tiles.
+#ifndef FLASH3_BWD_D128_SHORT_SEQLEN
+#define FLASH3_BWD_D128_SHORT_SEQLEN 2048
+#endif
 // FLASH3_BWD_LEAN_SDP_MIN_TILE_M: keys-split backward variants with at least
 // this many query rows per iteration read the LSE inside the exp2 loop and
 // build dS^T from the packed 16-bit P^T (BwdTraits::kLeanSdP). At tile_m = 64
@@ -248,11 +255,21 @@ struct BwdTileConfig {
 // dQ staging 40 KB = 226 KB of the 227 KB.
 // SMEM (d = 256): K 32 + V 32 + Q 32 + dO 32 + 2 x (P + dS) 16 + dQ staging 64 KB
 // = 224 KB: one Q / dO stage is all that fits.
-constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool causal_or_local) {
+// Head dims with a second, short-sequence tile (64 query rows), and when it runs.
+constexpr bool bwd_has_short_tile(int d) {
+  return d > 96 && d <= 128 && FLASH3_BWD_D128_SHORT_SEQLEN > 0 &&
+         (FLASH3_BWD_D128_TILE_M != 64 || FLASH3_BWD_D128_TILE_M_CAUSAL != 64);
+}
+constexpr bool bwd_short_tile(int d, int seqlen_q) {
+  return bwd_has_short_tile(d) && seqlen_q < FLASH3_BWD_D128_SHORT_SEQLEN;
+}
+
+constexpr BwdTileConfig bwd_tile_config(int d, int dv, bool causal_or_local, bool short_q = false) {
   if (d <= 64) return {FLASH3_BWD_D64_TILE_M, 128, 2, 2, 2, 24, 240, false};
   if (d <= 96) return {64, 128, 2, 2, 2, 24, 240, false};
   if (d <= 128) {
-    return {causal_or_local ? FLASH3_BWD_D128_TILE_M_CAUSAL : FLASH3_BWD_D128_TILE_M, 128, 2, 2, 2, 24, 240, false};
+    const int tile_m = short_q ? 64 : causal_or_local ? FLASH3_BWD_D128_TILE_M_CAUSAL : FLASH3_BWD_D128_TILE_M;
+    return {tile_m, 128, 2, 2, 2, 24, 240, false};
   }
   if (d <= 192) return {64, 64, 2, 2, 2, 24, 240, true};
   (void)dv;

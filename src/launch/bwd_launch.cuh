@@ -89,9 +89,10 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStre
   return check_last_launch("flash3 backward kernel launch");
 }
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal>
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
 Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
-  using Traits = BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal>, Mask>;
+  using Traits =
+      BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask>;
   constexpr int kBlockM = Traits::kBlockM;
   const BwdWorkspaceLayout w = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, kBlockM);
   char* ws = static_cast<char*>(p.workspace);
@@ -148,11 +149,21 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
 
 // Mask variant: causal/local blocks are unequal (LPT block order), unmasked
 // blocks keep n_block fastest for L2 reuse.
+template <class Element, int kHeadDim, int kHeadDimV, bool kShortQ>
+Status run_bwd_masks(const BwdParams& p, cudaStream_t stream) {
+  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true, kShortQ>(p, stream);
+  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true, kShortQ>(p, stream);
+  return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, false, kShortQ>(p, stream);
+}
+
+// Query-tile variant: short sequences of some head dims keep 64-row tiles
+// (bwd_short_tile; backward_workspace_bytes applies the same rule).
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_bwd(const BwdParams& p, cudaStream_t stream) {
-  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true>(p, stream);
-  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true>(p, stream);
-  return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, false>(p, stream);
+  if constexpr (bwd_has_short_tile(kHeadDim)) {
+    if (bwd_short_tile(kHeadDim, p.seqlen_q)) return run_bwd_masks<Element, kHeadDim, kHeadDimV, true>(p, stream);
+  }
+  return run_bwd_masks<Element, kHeadDim, kHeadDimV, false>(p, stream);
 }
 
 }  // namespace flash3

@@ -65,7 +65,9 @@ Status launch_backward(const BwdParams& params, cudaStream_t stream) {
 }
 
 size_t backward_workspace_bytes(const BwdParams& p) {
-  const int tile_m = bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local).tile_m;
+  const int tile_m =
+      bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, bwd_short_tile(p.head_dim, p.seqlen_q))
+          .tile_m;
   return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, tile_m).bytes;
 }
 

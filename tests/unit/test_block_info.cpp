@@ -207,6 +207,24 @@ TEST(BwdBlockRange, MatchesForwardAndCoversVisiblePairs) {
   EXPECT_EQ(flash3::bwd_m_block_range(causal, 3, 64, 128).m_max, 16);
 }
 
+// d = 128 keeps 64-row query tiles below FLASH3_BWD_D128_SHORT_SEQLEN queries
+// (the kernels and backward_workspace_bytes both follow bwd_short_tile).
+TEST(TileConfig, BackwardShortSequenceTile) {
+  EXPECT_FALSE(flash3::bwd_has_short_tile(64));
+  EXPECT_FALSE(flash3::bwd_has_short_tile(96));
+  EXPECT_FALSE(flash3::bwd_has_short_tile(256));
+  if (flash3::bwd_has_short_tile(128)) {
+    EXPECT_TRUE(flash3::bwd_short_tile(128, 1));
+    EXPECT_TRUE(flash3::bwd_short_tile(128, FLASH3_BWD_D128_SHORT_SEQLEN - 1));
+    EXPECT_FALSE(flash3::bwd_short_tile(128, FLASH3_BWD_D128_SHORT_SEQLEN));
+    for (bool causal : {false, true}) {
+      EXPECT_EQ(flash3::bwd_tile_config(128, 128, causal, true).tile_m, 64);
+      EXPECT_LE(flash3::bwd_smem_bytes(flash3::bwd_tile_config(128, 128, causal, true), 128, 128, 2), 227 * 1024);
+    }
+  }
+  EXPECT_FALSE(flash3::bwd_short_tile(64, 512));
+}
+
 TEST(TileConfig, BackwardFitsSharedMemoryAndRegisters) {
   for (auto& d : flash3_test::kHeadDimPairs) {
     const flash3::BwdTileConfig c = flash3::bwd_tile_config(d[0], d[1], false);
