@@ -67,10 +67,11 @@ struct BwdTraits {
   static constexpr bool kdQSwapAB = !kSplitHdim && kBlockM % 64 != 0;
   static constexpr int kdQCols = kdQSplitM ? kHeadDim : kHeadDim / kNumMmaWG;
   static constexpr int kdQChunk = kBlockM * kHeadDim / kNumMmaWG;  // fp32 values per warpgroup and query block
-  // Wide query tiles (tile_m = 128, keys split) carry S^T and dP^T of 64
-  // registers each next to dK / dV: the LSE is read from shared memory inside
-  // the exp2 loop (not held per column), and dS^T = P^T (dP^T - D) uses the
-  // bf16 P^T that G3 reads, so the fp32 S^T dies at the conversion.
+  // Wide query tiles (keys split, tile_m >= FLASH3_BWD_LEAN_SDP_MIN_TILE_M: 80
+  // at d = 128, 128 at d = 64) carry S^T and dP^T of 40-64 registers each next
+  // to dK / dV: the LSE is read from shared memory inside the exp2 loop (not
+  // held per column), and dS^T = P^T (dP^T - D) uses the packed 16-bit P^T that
+  // G3 reads, so the fp32 S^T dies at the conversion.
   static constexpr bool kLeanSdP = !kSplitHdim && kBlockM >= FLASH3_BWD_LEAN_SDP_MIN_TILE_M;
 
   static_assert(kBlockN == (kSplitHdim ? 64 : 64 * kNumMmaWG), "tile_n: 64 keys per consumer warpgroup, or 64 split");

@@ -187,7 +187,7 @@ struct BwdMainloop {
     wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
     constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
     const float* lse_smem = ss.smem_lse.data() + rq.index() * kBlockM;
-    float lse[Traits::kLeanSdP ? 2 : kNCols];
+    [[maybe_unused]] float lse[Traits::kLeanSdP ? 1 : kNCols];  // lean: read in the exp2 loop instead
     if constexpr (!Traits::kLeanSdP) load_stats(lse, lse_smem, tScS_rc);
     if (first) ss.barrier_v.wait(0);
     pipeline_do.consumer_wait(rdo);

@@ -92,7 +92,7 @@
 #define FLASH3_FWD_D256_TILE_N 64
 #endif
 // FLASH3_BWD_D64_TILE_M: query rows per backward iteration at d = 64. 128
-// (FA3's choice): +7 to +10% over 64 at 2k-16k, both masks (sustained A/B,
+// (FA3's choice): +7 to +14% over 64 at 2k-16k, both masks (sustained A/Bs,
 // 2026-11-30, seventh session), once dQ is split over queries and S^T / dP^T
 // (64 registers each) are kept lean (BwdTraits::kdQSplitM, kLeanSdP); before
 // that it spilled 136-172 bytes and measured -7 to -19%.
@@ -249,8 +249,8 @@ struct BwdTileConfig {
 // Registers per consumer thread (d = dv = 128, keys split, tile_m = 80): dK 64
 // + dV 64 accumulators live across the loop, S^T 40 + dP^T 40 per iteration
 // (S^T dies at its bf16 conversion: kLeanSdP), dQ^T 40 after S/dP are dead.
-// d = 64, tile_m = 128: dK 32 + dV 32, S^T 64 + dP^T 64, dQ 32. d = 256 (head_dim split): dK 64 + dV 64, S^T 16 +
-// dP^T 16, dQ 64.
+// d = 64, tile_m = 128: dK 32 + dV 32, S^T 64 + dP^T 64, dQ 32.
+// d = 256 (head_dim split): dK 64 + dV 64, S^T 16 + dP^T 16, dQ 64.
 // SMEM (d = 128, tile_m = 80): K 32 + V 32 + 2 x Q 20 + 2 x dO 20 + 2 x dS 20 +
 // dQ staging 40 KB = 226 KB of the 227 KB.
 // SMEM (d = 256): K 32 + V 32 + Q 32 + dO 32 + 2 x (P + dS) 16 + dQ staging 64 KB
