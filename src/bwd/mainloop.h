@@ -199,16 +199,11 @@ struct BwdMainloop {
       mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, n_block * kBlockN);
     }
     if constexpr (Traits::kLeanSdP) {
-      static_assert(kNCols % 2 == 0);
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < kNCols; c += 2) {
-        const float2 l = *reinterpret_cast<const float2*>(lse_smem + get<1>(tScS_rc(0, c)));
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < size<0>(s); ++r) {
-          s(r, c) = exp2f(s(r, c) * params.softmax_scale_log2 - l.x);
-          s(r, c + 1) = exp2f(s(r, c + 1) * params.softmax_scale_log2 - l.y);
-        }
-      }
+      const float scale_log2 = params.softmax_scale_log2;
+      for_each_column_pair(s, lse_smem, tScS_rc, [&](int r, int c, float2 l) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - l.x);
+        s(r, c + 1) = exp2f(s(r, c + 1) * scale_log2 - l.y);
+      });
     } else {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(s); ++r) {
@@ -226,16 +221,25 @@ struct BwdMainloop {
   template <class TP, class dPFrag, class TC>
   CUTLASS_DEVICE static void ds_from_p(TP const& p, dPFrag& tdPrdP, const float* dpsum_smem, TC const& c_rc) {
     Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
-    constexpr int kNCols = decltype(size<1>(dp))::value;
+    for_each_column_pair(dp, dpsum_smem, c_rc, [&](int r, int c, float2 d) {
+      dp(r, c) = p(r, c) * (dp(r, c) - d.x);
+      dp(r, c + 1) = p(r, c + 1) * (dp(r, c + 1) - d.y);
+    });
+  }
+
+  // f(r, c, stat) for every row r and column pair (c, c + 1) of an accumulator
+  // row view, stat = the per-query statistics of the pair (LSE or D) from
+  // shared memory: the pair is adjacent there, so one 8-byte load per pair,
+  // reused across the rows.
+  template <class TensorRC, class TC, class F>
+  CUTLASS_DEVICE static void for_each_column_pair(TensorRC const& t, const float* stats, TC const& c_rc, F&& f) {
+    constexpr int kNCols = decltype(size<1>(t))::value;
     static_assert(kNCols % 2 == 0);
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kNCols; c += 2) {
-      const float2 d = *reinterpret_cast<const float2*>(dpsum_smem + get<1>(c_rc(0, c)));
+      const float2 stat = *reinterpret_cast<const float2*>(stats + get<1>(c_rc(0, c)));
       CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < size<0>(dp); ++r) {
-        dp(r, c) = p(r, c) * (dp(r, c) - d.x);
-        dp(r, c + 1) = p(r, c + 1) * (dp(r, c + 1) - d.y);
-      }
+      for (int r = 0; r < size<0>(t); ++r) f(r, c, stat);
     }
   }
 

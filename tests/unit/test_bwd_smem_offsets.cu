@@ -60,27 +60,32 @@ struct TileMConfig {
 template <int D, int kTileM>
 using TileMTraits = flash3::BwdTraits<cutlass::bfloat16_t, D, D, TileMConfig<D, D, kTileM>, flash3::MaskNone>;
 
-TEST(BwdSmemOffsets, QueryBlockStep) {
+// Runs Check::template run<Traits>() for every built head-dim pair's default
+// tile and for every query tile the knobs can select (FLASH3_BWD_D64_TILE_M,
+// FLASH3_BWD_D128_TILE_M[_CAUSAL], the d = 128 short tile), whichever is built.
+template <class Check>
+void for_each_bwd_tile() {
   flash3_test::for_each_head_dim_pair([](auto d, auto dv) {
-    expect_query_block_step<
+    Check::template run<
         flash3::BwdTraits<cutlass::bfloat16_t, d(), dv(), flash3::DefaultBwdConfig<d(), dv(), false>, flash3::MaskNone>>();
   });
-  // Every query tile the knobs select (FLASH3_BWD_D64_TILE_M, FLASH3_BWD_D128_TILE_M[_CAUSAL]), whichever is built.
-  expect_query_block_step<TileMTraits<64, 64>>();
-  expect_query_block_step<TileMTraits<64, 128>>();
-  expect_query_block_step<TileMTraits<128, 64>>();
-  expect_query_block_step<TileMTraits<128, 80>>();
+  Check::template run<TileMTraits<64, 64>>();
+  Check::template run<TileMTraits<64, 128>>();
+  Check::template run<TileMTraits<128, 64>>();
+  Check::template run<TileMTraits<128, 80>>();
 }
 
-TEST(BwdSmemOffsets, MatchSwizzledTensorAddresses) {
-  flash3_test::for_each_head_dim_pair([](auto d, auto dv) {
-    expect_offsets_match<
-        flash3::BwdTraits<cutlass::bfloat16_t, d(), dv(), flash3::DefaultBwdConfig<d(), dv(), false>, flash3::MaskNone>>();
-  });
-  expect_offsets_match<TileMTraits<64, 64>>();
-  expect_offsets_match<TileMTraits<64, 128>>();
-  expect_offsets_match<TileMTraits<128, 64>>();
-  expect_offsets_match<TileMTraits<128, 80>>();
-}
+struct QueryBlockStep {
+  template <class T>
+  static void run() { expect_query_block_step<T>(); }
+};
+struct OffsetsMatch {
+  template <class T>
+  static void run() { expect_offsets_match<T>(); }
+};
+
+TEST(BwdSmemOffsets, QueryBlockStep) { for_each_bwd_tile<QueryBlockStep>(); }
+
+TEST(BwdSmemOffsets, MatchSwizzledTensorAddresses) { for_each_bwd_tile<OffsetsMatch>(); }
 
 }  // namespace
