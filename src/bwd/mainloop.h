@@ -3,8 +3,9 @@
 //
 // One CTA owns one KV block of one KV head. It visits, for each query head
 // sharing that KV head (GQA: dK/dV accumulate in registers across them), the
-// query blocks of the block's trapezoid in ascending order. The three roles
-// walk the same (head, m_block) sequence.
+// query blocks of the block's trapezoid in ascending order (deterministic
+// mode: descending, see query_block). The three roles walk the same
+// (head, m_block) sequence.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -34,6 +35,19 @@ struct BwdMainloop {
   CUTLASS_DEVICE static int q_head(Params const& p, BwdTile t, int g) { return t.head_kv * p.heads_per_kv + g; }
   CUTLASS_DEVICE static int64_t row_block_index(Params const& p, BwdTile t, int head, int m_block) {
     return (int64_t(t.batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  }
+  // The i-th query block a CTA visits. Deterministic mode walks the range top
+  // down: its reduce-adds into query block m go in ascending KV-block order,
+  // and KV block n's range starts at the diagonal, so walking up from m_min
+  // made KV block n spin until blocks 0..n-1 had climbed to its diagonal
+  // (causal: about m_min(n) idle iterations per CTA, 30-40% of the
+  // deterministic causal time, 2026-11-30). Top down, every KV block of a head
+  // reaches block m at the same time, and the wait targets (lower n, launched
+  // earlier) still make deadlock impossible. The default mode keeps the
+  // ascending walk, which staggers the CTAs' reduce-adds over different query
+  // blocks instead of piling them onto one.
+  CUTLASS_DEVICE static int query_block(Params const& p, MBlockRange range, int i) {
+    return p.deterministic ? range.m_max - 1 - i : range.m_min + i;
   }
 
   // ---------------------------------------------------------------- producer
@@ -69,7 +83,8 @@ struct BwdMainloop {
       auto [tdOgdO, tdOsdO] =
           tma_partition(params.tma_load_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
       const int64_t stats_row0 = (int64_t(tile.batch) * params.heads_q + head) * params.seqlen_q_pad;
-      for (int m_block = range.m_min; m_block < range.m_max; ++m_block) {
+      for (int i = 0; i < range.m_max - range.m_min; ++i) {
+        const int m_block = query_block(params, range, i);
         pipeline_q.producer_acquire(wq);
         BarrierT* bq = pipeline_q.producer_get_barrier(wq);
         copy(params.tma_load_q.with(*bq, 0), tQgQ(_, m_block), tQsQ(_, wq.index()));
@@ -106,7 +121,8 @@ struct BwdMainloop {
     int it = 0;
     for (int g = 0; g < params.heads_per_kv; ++g) {
       const int head = q_head(params, tile, g);
-      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+      for (int i = 0; i < range.m_max - range.m_min; ++i, ++it) {
+        const int m_block = query_block(params, range, i);
         for (int w = 0; w < kNumMmaWG; ++w) named_barrier_sync(kFull, BwdBarrier::kdQFullWG0, w);
         const int64_t rb = row_block_index(params, tile, head, m_block);
         if (lane == 0) {
@@ -326,7 +342,8 @@ struct BwdMainloop {
     ss.barrier_k.wait(0);
     int it = 0;
     for (int g = 0; g < params.heads_per_kv; ++g) {
-      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+      for (int i = 0; i < range.m_max - range.m_min; ++i, ++it) {
+        const int m_block = query_block(params, range, i);
         SFrag tSrS;
         dPFrag tdPrdP;
         issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
@@ -416,7 +433,8 @@ struct BwdMainloop {
     ss.barrier_k.wait(0);
     int it = 0;
     for (int g = 0; g < params.heads_per_kv; ++g) {
-      for (int m_block = range.m_min; m_block < range.m_max; ++m_block, ++it) {
+      for (int i = 0; i < range.m_max - range.m_min; ++i, ++it) {
+        const int m_block = query_block(params, range, i);
         // G1 S^T, G2 dP^T; P^T from S^T while G2 runs.
         SFrag tSrS;
         dPFrag tdPrdP;
