@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (!range.empty()) {
       BwdMainloop<Traits>::mma(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
     }
-    BwdEpilogue<Traits>::store(params, tile, tdKrdK, tdVrdV, thread_idx);
+    BwdEpilogue<Traits>::store(params, ss, tile, tdKrdK, tdVrdV, thread_idx);
   }
 }
 

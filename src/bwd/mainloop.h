@@ -151,7 +151,12 @@ struct BwdMainloop {
         }
       }
     }
-    if (lane == 0) bulk_wait_group<0>();
+    // Before the CTA exits only the staging buffer's reads must be done (as
+    // for CuTe's TMA-store tail); the adds complete on their own and the
+    // postprocess launch is ordered after them. Waiting for the last add's
+    // global completion kept every CTA, and its SM, about one L2 reduce
+    // round trip longer.
+    if (lane == 0) bulk_wait_group_read<0>();
   }
 
   // ---------------------------------------------------------------- consumer

@@ -28,7 +28,7 @@ enum class BwdBarrier : int {
   // store warp (32 threads): 160 arrivals per generation.
   kdQFullWG0 = 1,   // + w: the staging chunk is written (consumers arrive, store warp syncs)
   kdQEmptyWG0 = 3,  // + w: the bulk reduce has read it (store warp arrives, consumers sync)
-  kEpilogue = 5,    // all consumer threads
+  kEpilogue = 5,    // all consumer threads: sK / sV free, then dK / dV staged there
 };
 
 CUTLASS_DEVICE void named_barrier_sync(int num_threads, FwdBarrier id) {
