@@ -28,6 +28,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (shares the C ABI bindings and timers)
 
 
+def fit_line(points):
+    """Least-squares y = slope * x + intercept over (x, y) points (at least two
+    distinct x); returns (slope, intercept, largest absolute residual)."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if n < 2 or sxx == 0:
+        raise ValueError("fit_line needs at least two distinct x values")
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    icept = my - slope * mx
+    resid = max(abs(p[1] - (slope * p[0] + icept)) for p in points)
+    return slope, icept, resid
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default="build/libflash3.so")
@@ -83,12 +98,7 @@ def main():
         flops = 2.5 * bench.fwd_flops(b, h, sq, sk, d, False)
         points.append((sq, ms))
         print(f"d={d} b={b} h={h} sq={sq:6d} sk={sk}: {ms:8.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
-    n = len(points)
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sum((p[0] - mx) ** 2 for p in points)
-    icept = my - slope * mx
-    resid = max(abs(p[1] - (slope * p[0] + icept)) for p in points)
+    slope, icept, resid = fit_line(points)
     x_rows = icept / slope
     line = f"fit: T = {slope * 1e3:.4f} us/query row * sq + {icept * 1e3:.1f} us (max residual {resid * 1e3:.1f} us)"
     line += f"; X = {x_rows:.0f} query rows per tile"
