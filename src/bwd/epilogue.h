@@ -31,7 +31,7 @@ struct BwdEpilogue {
   // chunk positions, and the row reads are whole chunks. (d = 96 has 12
   // chunks per row: row % 4, 2-way conflicts.)
   template <int kCols>
-  CUTLASS_DEVICE static uint32_t staged_offset(int row, int col) {
+  CUTLASS_HOST_DEVICE static uint32_t staged_offset(int row, int col) {
     constexpr int kChunksPerRow = kCols / kChunk;
     constexpr int kSwizzle = kChunksPerRow % 8 == 0 ? 8 : kChunksPerRow % 4 == 0 ? 4 : 1;
     static_assert(kCols % kChunk == 0);

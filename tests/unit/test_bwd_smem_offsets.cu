@@ -1,11 +1,14 @@
 // BwdTraits::ds_byte_offset (the 32-bit offsets the consumers' stmatrix stores
 // use) must equal the byte address CuTe's swizzled smem tensor computes for
-// sdS(query, key, stage), for every head-dim variant's dS / P layout.
+// sdS(query, key, stage), for every head-dim variant's dS / P layout. The
+// epilogue's staged dK / dV tiles (BwdEpilogue::staged_offset) must fill the
+// K / V buffers one-to-one, and a warp's fragment store must not conflict.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "bwd/epilogue.h"
 #include "bwd/kernel_traits.h"
 #include "head_dims.h"
 
@@ -48,6 +51,43 @@ void expect_query_block_step() {
   }
 }
 
+// staged_offset maps every 16-byte chunk of a (kBlockN x kCols) tile to its own
+// 16-byte slot inside the buffer, and the 8 rows x 1 chunk that one warp's
+// fragment store writes (rows 8j .. 8j + 7, one column pair per lane) hit 8
+// distinct bank groups (at most 2 per group where the swizzle is row % 4).
+template <class T, int kCols>
+void expect_staged_tile(std::size_t buffer_bytes) {
+  using Epi = flash3::BwdEpilogue<T>;
+  constexpr int kChunk = Epi::kChunk, kChunks = kCols / kChunk;
+  std::vector<int> hits(buffer_bytes / 16, 0);
+  int bad = 0;
+  for (int row = 0; row < T::kBlockN; ++row)
+    for (int c = 0; c < kChunks; ++c) {
+      const uint32_t off = Epi::template staged_offset<kCols>(row, c * kChunk);
+      bad += off % 16 != 0 || off + 16 > buffer_bytes;
+      if (off % 16 == 0 && off + 16 <= buffer_bytes) ++hits[off / 16];
+      // Elements inside a chunk stay contiguous.
+      bad += Epi::template staged_offset<kCols>(row, c * kChunk + kChunk - 1) != off + 16 - sizeof(typename T::Element);
+    }
+  for (int h : hits) bad += h > 1;
+  int worst = 0;
+  for (int r0 = 0; r0 < T::kBlockN; r0 += 8)
+    for (int c = 0; c < kChunks; ++c) {
+      int group[8] = {};
+      for (int r = r0; r < r0 + 8; ++r) ++group[(Epi::template staged_offset<kCols>(r, c * kChunk) / 16) % 8];
+      for (int g : group) worst = g > worst ? g : worst;
+    }
+  EXPECT_EQ(bad, 0) << "d=" << T::kHeadDim << " cols=" << kCols;
+  EXPECT_LE(worst, kChunks % 8 == 0 ? 1 : 2) << "d=" << T::kHeadDim << " cols=" << kCols;
+}
+
+template <class T>
+void expect_staged_epilogue() {
+  using SS = typename T::SharedStorage;
+  expect_staged_tile<T, T::kHeadDim>(sizeof(SS::smem_k));
+  expect_staged_tile<T, T::kHeadDimV>(sizeof(SS::smem_v));
+}
+
 template <int D, int DV, int kTileM>
 struct TileMConfig {
   static constexpr flash3::BwdTileConfig value = [] {
@@ -87,5 +127,11 @@ struct OffsetsMatch {
 TEST(BwdSmemOffsets, QueryBlockStep) { for_each_bwd_tile<QueryBlockStep>(); }
 
 TEST(BwdSmemOffsets, MatchSwizzledTensorAddresses) { for_each_bwd_tile<OffsetsMatch>(); }
+
+struct StagedEpilogue {
+  template <class T>
+  static void run() { expect_staged_epilogue<T>(); }
+};
+TEST(BwdSmemOffsets, StagedEpilogueOneToOneAndConflictFree) { for_each_bwd_tile<StagedEpilogue>(); }
 
 }  // namespace
