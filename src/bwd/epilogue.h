@@ -33,8 +33,8 @@ struct BwdEpilogue {
   template <int kCols>
   CUTLASS_HOST_DEVICE static uint32_t staged_offset(int row, int col) {
     constexpr int kChunksPerRow = kCols / kChunk;
-    constexpr int kSwizzle = kChunksPerRow % 8 == 0 ? 8 : kChunksPerRow % 4 == 0 ? 4 : 1;
-    static_assert(kCols % kChunk == 0);
+    static_assert(kCols % kChunk == 0 && kChunksPerRow % 4 == 0, "rows of a multiple of 4 chunks");
+    constexpr int kSwizzle = kChunksPerRow % 8 == 0 ? 8 : 4;
     const int chunk = (col / kChunk) ^ (row % kSwizzle);
     return uint32_t(row * kCols + chunk * kChunk + col % kChunk) * uint32_t(sizeof(Element));
   }
@@ -70,11 +70,10 @@ struct BwdEpilogue {
   CUTLASS_DEVICE static void write_rows(const char* smem, Element* base, int64_t row_stride, int n_block,
                                         int seqlen_k, int thread_idx) {
     constexpr int kChunksPerRow = kCols / kChunk;
-    constexpr int kSteps = (kBlockN * kChunksPerRow + Traits::kNumMmaThreads - 1) / Traits::kNumMmaThreads;
+    static_assert(kBlockN * kChunksPerRow % Traits::kNumMmaThreads == 0, "every thread writes the same number of chunks");
     CUTLASS_PRAGMA_UNROLL
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kBlockN * kChunksPerRow / Traits::kNumMmaThreads; ++step) {
       const int i = thread_idx + step * Traits::kNumMmaThreads;
-      if (i >= kBlockN * kChunksPerRow) break;
       const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
       const int key = n_block * kBlockN + row;
       if (key < seqlen_k) {
