@@ -117,6 +117,7 @@ struct BwdPrepParams {
   float* dq_accum;
   int* dq_sem;
   int seqlen_q, heads_q, num_m_blocks, seqlen_q_pad, head_dim;
+  int row_shift;  // bwd_row_shift: padded row r is query r - row_shift
 };
 
 // One CTA per (query block, head, batch); 4 threads per row, 16-byte loads.
@@ -125,9 +126,11 @@ __global__ void __launch_bounds__(kBlockM * 4) flash_bwd_preprocess_kernel(const
   constexpr float kLog2e = 1.4426950408889634f;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int row_in_block = threadIdx.x / 4, sub = threadIdx.x % 4;
-  const int row = m_block * kBlockM + row_in_block;
+  const int row_pad = m_block * kBlockM + row_in_block;
+  const int row = row_pad - p.row_shift;
+  const bool real = row >= 0 && row < p.seqlen_q;
   float d = 0.f;
-  if (row < p.seqlen_q) {
+  if (real) {
     const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
                        row * p.o_row_stride;
     const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
@@ -142,10 +145,10 @@ __global__ void __launch_bounds__(kBlockM * 4) flash_bwd_preprocess_kernel(const
   }
   d += __shfl_xor_sync(0xffffffff, d, 1);
   d += __shfl_xor_sync(0xffffffff, d, 2);
-  const int64_t stats = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_pad + row;
+  const int64_t stats = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_pad + row_pad;
   if (sub == 0) {
     float lse2 = INFINITY;  // padded rows: P = exp2(s - inf) = 0
-    if (row < p.seqlen_q) {
+    if (real) {
       const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
       // A fully masked row (LSE = -inf) has P = 0 everywhere: same treatment.
       lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
@@ -167,6 +170,7 @@ struct BwdPostParams {
   void* dq;
   int64_t dq_row_stride, dq_head_stride, dq_batch_stride;
   int seqlen_q, heads_q, num_m_blocks;
+  int row_shift;
   float softmax_scale;
 };
 
@@ -218,8 +222,8 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_
   constexpr int kChunksPerRow = kHeadDim / kChunk;
   for (int i = thread_idx; i < kBlockM * kChunksPerRow; i += Traits::kNumMmaThreads) {
     const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * kChunk;
-    const int row = m_block * kBlockM + r;
-    if (row < p.seqlen_q) {
+    const int row = m_block * kBlockM + r - p.row_shift;
+    if (row >= 0 && row < p.seqlen_q) {
       *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + col) =
           *reinterpret_cast<const uint4*>(tile + r * kRowPitch + col);
     }

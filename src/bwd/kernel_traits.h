@@ -234,7 +234,8 @@ struct BwdTraits {
     Element* dv;
     int64_t dk_row_stride, dk_head_stride, dk_batch_stride;
     int64_t dv_row_stride, dv_head_stride, dv_batch_stride;
-    MaskSpec mask;
+    MaskSpec mask;   // in padded-grid rows: seqlen_q includes row_shift
+    int row_shift;   // bwd_row_shift: padded row r is query r - row_shift (Q / dO loads start there)
     int heads_q, heads_kv, heads_per_kv, num_m_blocks, seqlen_q_pad;
     float softmax_scale, softmax_scale_log2;
     bool deterministic;

@@ -75,8 +75,12 @@ struct BwdMainloop {
     bool v_loaded = false;
     for (int g = 0; g < params.heads_per_kv; ++g) {
       const int head = q_head(params, tile, g);
-      Tensor mQ = params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, head, tile.batch);
-      Tensor mdO = params.tma_load_do.get_tma_tensor(params.shape_do)(_, _, head, tile.batch);
+      // Padded-grid rows: rows before the first query (row_shift) and past the
+      // last are outside the tensor map, so TMA fills them with zeros.
+      Tensor mQ = domain_offset(make_coord(-params.row_shift, _0{}),
+                                params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, head, tile.batch));
+      Tensor mdO = domain_offset(make_coord(-params.row_shift, _0{}),
+                                 params.tma_load_do.get_tma_tensor(params.shape_do)(_, _, head, tile.batch));
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}, make_coord(_, _0{}));
       Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_load_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));

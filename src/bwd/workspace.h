@@ -31,4 +31,17 @@ inline BwdWorkspaceLayout bwd_workspace_layout(int batch, int heads_q, int seqle
   return w;
 }
 
+// Query rows of padding in front of the first real row. Causal and local
+// masks are aligned bottom-right, so every KV block's query range runs to the
+// last query block and only blocks near the top reach the first one: putting
+// the partial block first (the padded grid's row r is query r - shift) means
+// most KV blocks never visit it. d = 128 (80-row blocks) at 4096 queries: the
+// last block held 16 real rows and every KV block paid a whole iteration for
+// it; front-padded, a causal 4k backward runs 858 instead of 883 iterations
+// per head (measured +0.9 / +1.0% at 4k / 8k causal, 2026-11-30). Unmasked
+// launches visit every block from every KV block either way and keep shift 0.
+inline int bwd_row_shift(const BwdWorkspaceLayout& w, int seqlen_q, bool causal_or_local) {
+  return causal_or_local ? w.seqlen_q_pad - seqlen_q : 0;
+}
+
 }  // namespace flash3

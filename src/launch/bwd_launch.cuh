@@ -27,7 +27,7 @@ inline int bwd_tile_group(const BwdParams& p, int elem_bytes) {
 }
 
 template <class Traits, bool kLpt>
-Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStream_t stream) {
+Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_shift, cudaStream_t stream) {
   using Element = typename Traits::Element;
   using namespace cute;
   typename Traits::Params kp{};
@@ -71,6 +71,8 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, cudaStre
   kp.dv_head_stride = p.dv_head_stride;
   kp.dv_batch_stride = p.dv_batch_stride;
   kp.mask = make_mask_spec(p);
+  kp.mask.seqlen_q += row_shift;  // the kernel works in padded-grid rows (bwd_row_shift)
+  kp.row_shift = row_shift;
   kp.heads_q = p.heads_q;
   kp.heads_kv = p.heads_kv;
   kp.heads_per_kv = p.heads_q / p.heads_kv;
@@ -95,6 +97,7 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
       BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask>;
   constexpr int kBlockM = Traits::kBlockM;
   const BwdWorkspaceLayout w = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, kBlockM);
+  const int row_shift = bwd_row_shift(w, p.seqlen_q, kCausalOrLocal);
   char* ws = static_cast<char*>(p.workspace);
 
   if (w.num_m_blocks > 0) {
@@ -122,12 +125,13 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     pp.num_m_blocks = w.num_m_blocks;
     pp.seqlen_q_pad = w.seqlen_q_pad;
     pp.head_dim = p.head_dim;
+    pp.row_shift = row_shift;
     flash_bwd_preprocess_kernel<Element, kHeadDimV, kBlockM>
         <<<dim3(w.num_m_blocks, p.heads_q, p.batch), kBlockM * 4, 0, stream>>>(pp);
     FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward preprocess launch"));
   }
   if (p.seqlen_k > 0) {
-    FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, stream)));
+    FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, row_shift, stream)));
   }
   if (w.num_m_blocks > 0) {
     BwdPostParams pp{};
@@ -139,6 +143,7 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     pp.seqlen_q = p.seqlen_q;
     pp.heads_q = p.heads_q;
     pp.num_m_blocks = w.num_m_blocks;
+    pp.row_shift = row_shift;
     pp.softmax_scale = p.softmax_scale;
     flash_bwd_postprocess_kernel<Traits>
         <<<dim3(w.num_m_blocks, p.heads_q, p.batch), Traits::kNumMmaThreads, 0, stream>>>(pp);
