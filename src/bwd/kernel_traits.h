@@ -240,6 +240,7 @@ struct BwdTraits {
     float softmax_scale, softmax_scale_log2;
     bool deterministic;
     int tile_group;  // BwdScheduler: (KV head, batch) pairs per longest-first group (0: one group)
+    int tail_heads;  // BwdScheduler: the last pairs, launched as one longest-first group (BwdScheduler::tail_heads)
   };
 };
 

@@ -82,11 +82,19 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_
   kp.softmax_scale_log2 = p.softmax_scale_log2;
   kp.deterministic = p.deterministic;
   kp.tile_group = kLpt ? bwd_tile_group(p, int(sizeof(typename Traits::Element))) : 0;
+  const int num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  kp.tail_heads = 0;
+  if (kLpt && kp.tile_group > 0) {
+    int device = 0, num_sms = 0;
+    FLASH3_CUDA_TRY(cudaGetDevice(&device));
+    FLASH3_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    kp.tail_heads = BwdScheduler::tail_heads(p.heads_kv * p.batch, num_n_blocks, kp.tile_group, num_sms);
+  }
 
   auto kernel = flash_bwd_kernel<Traits, kLpt>;
   constexpr int smem = Traits::kSmemBytes;
   FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid = BwdScheduler::grid(kLpt, (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.heads_kv, p.batch);
+  const dim3 grid = BwdScheduler::grid(kLpt, num_n_blocks, p.heads_kv, p.batch);
   kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
   return check_last_launch("flash3 backward kernel launch");
 }
