@@ -18,7 +18,6 @@ Shapes as in bench.py (16k tokens, hidden 2048). No correctness check here:
 run bench.py (which checks every row) for the numbers that are reported.
 """
 import argparse
-import ctypes
 import math
 import os
 import statistics
@@ -61,9 +60,7 @@ def main():
         libs.append((name, lib, False))
         if args.deterministic_too:
             libs.append((name + "-det", lib, True))
-    P = ctypes.byref
     stream = torch.cuda.current_stream().cuda_stream
-    dt = bench.FLASH3_BF16
     names = [n for n, _, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
     print("| hdim | seqlen | causal | pass | " + " | ".join(f"{n} TFLOP/s (spread)" for n in names) +
           " | " + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
@@ -72,12 +69,8 @@ def main():
         for seqlen in bench.parse_list(args.seqlens, bench.parse_len):
             b, h = max(1, args.tokens // seqlen), max(1, args.hidden // hdim)
             torch.manual_seed(7 + hdim + seqlen)
-            q, k, v = (torch.randn((b, seqlen, h, hdim), device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, dout = torch.empty_like(q), torch.randn_like(q)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            lse = torch.empty((b, h, seqlen), device="cuda", dtype=torch.float32)
-            T = {n: bench.f3_tensor(t, dt) for n, t in dict(q=q, k=k, v=v, o=out, do=dout, dq=dq, dk=dk, dv=dv).items()}
-            tl = bench.f3_tensor(lse, bench.FLASH3_FP32)
+            q, k, v, dout = (torch.randn((b, seqlen, h, hdim), device="cuda", dtype=torch.bfloat16)
+                             for _ in range(4))
             scale = 1.0 / math.sqrt(hdim)
             for causal in {"on": [True], "off": [False], "both": [False, True]}[args.causal]:
                 for pss in bench.parse_list(args.passes, str):
@@ -85,18 +78,9 @@ def main():
                     for name, lib, det in libs:
                         opts = lib.lib.flash3_default_options()
                         opts.softmax_scale, opts.causal, opts.deterministic = scale, int(causal), int(det)
-                        fwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(tl), P(opts), ctypes.c_void_p(stream))
-                        if pss == "fwd":
-                            fns[name] = (lambda lib=lib, a=fwd: lib.lib.flash3_forward(*a))
-                        else:
-                            ws_bytes = lib.lib.flash3_backward_workspace_size(P(T["q"]), P(T["k"]), P(T["v"]), P(opts))
-                            ws = torch.empty(max(int(ws_bytes), 1), device="cuda", dtype=torch.uint8)
-                            bwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(T["do"]), P(tl), None, P(T["dq"]),
-                                   P(T["dk"]), P(T["dv"]), P(opts), ctypes.c_void_p(ws.data_ptr()),
-                                   ctypes.c_size_t(ws_bytes), ctypes.c_void_p(stream))
-                            lib.lib.flash3_forward(*fwd)
-                            fns[name] = (lambda lib=lib, a=bwd, ws=ws: lib.lib.flash3_backward(*a))
-                        if fns[name]() != bench.FLASH3_OK:
+                        call = bench.Flash3Call(torch, lib, q, k, v, dout, opts, stream)
+                        fns[name] = call.fwd if pss == "fwd" else call.bwd
+                        if call.status != bench.FLASH3_OK or fns[name]() != bench.FLASH3_OK:
                             raise SystemExit(f"{name}: {lib.last_error()}")
                     if not args.no_cudnn:
                         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -117,7 +101,8 @@ def main():
                           " | ".join(f"{tf[n]:.1f} ({100 * spread[n]:.0f}%)" for n in names) + " | " +
                           " | ".join(f"{tf[n] / tf[names[0]]:.3f}" for n in names[1:]) + " |")
                     sys.stdout.flush()
-            del q, k, v, out, dout, dq, dk, dv, lse
+            del q, k, v, dout
+            fns, call = {}, None  # the last row's outputs and workspaces
             torch.cuda.empty_cache()
 
 

@@ -108,6 +108,40 @@ def f3_tensor(t, f3_dtype):
     return ft
 
 
+class Flash3Call:
+    """flash3 forward and backward on (b, s, h, d) bf16 / fp16 CUDA tensors q, k,
+    v, dout, the setup the timing tools share: owns O, LSE, dQ / dK / dV and the
+    backward workspace (sized for `opts`). The constructor runs the forward once
+    (its status in .status), so that bwd() differentiates a real O and LSE;
+    fwd() / bwd() make one call each and return its status."""
+
+    def __init__(self, torch, lib, q, k, v, dout, opts, stream):
+        P = ctypes.byref
+        dt = FLASH3_BF16 if q.dtype == torch.bfloat16 else FLASH3_FP16
+        b, sq, h, _ = q.shape
+        self.lib = lib
+        self.out = torch.empty_like(q)
+        self.lse = torch.empty((b, h, sq), device=q.device, dtype=torch.float32)
+        self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        t = {n: f3_tensor(x, dt) for n, x in
+             dict(q=q, k=k, v=v, o=self.out, do=dout, dq=self.dq, dk=self.dk, dv=self.dv).items()}
+        tl = f3_tensor(self.lse, FLASH3_FP32)
+        self._structs = (t, tl, opts)  # what the byref pointers below point into
+        st = stream if isinstance(stream, ctypes.c_void_p) else ctypes.c_void_p(stream)
+        self._fwd = (P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(tl), P(opts), st)
+        ws_bytes = lib.lib.flash3_backward_workspace_size(P(t["q"]), P(t["k"]), P(t["v"]), P(opts))
+        self.ws = torch.empty(max(int(ws_bytes), 1), device=q.device, dtype=torch.uint8)
+        self._bwd = (P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(t["do"]), P(tl), None, P(t["dq"]), P(t["dk"]),
+                     P(t["dv"]), P(opts), ctypes.c_void_p(self.ws.data_ptr()), ctypes.c_size_t(ws_bytes), st)
+        self.status = self.fwd()
+
+    def fwd(self):
+        return self.lib.lib.flash3_forward(*self._fwd)
+
+    def bwd(self):
+        return self.lib.lib.flash3_backward(*self._bwd)
+
+
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------

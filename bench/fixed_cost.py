@@ -20,7 +20,6 @@ hide at most (see docs/performance.md, 2026-11-30 eighth session).
       --seqlens-q 1k,2k,4k,8k --batch 4 --causal off
 """
 import argparse
-import ctypes
 import os
 import sys
 
@@ -68,8 +67,6 @@ def main():
     sk = bench.parse_len(args.seqlen_k)
     sqs = [bench.parse_len(x) for x in args.seqlens_q.split(",")]
     stream = torch.cuda.current_stream().cuda_stream
-    P = ctypes.byref
-    dt = bench.FLASH3_BF16
     points = []
     for sq in sqs:
         g = torch.Generator(device="cuda").manual_seed(sq)
@@ -77,24 +74,13 @@ def main():
         k = torch.randn((b, sk, h, d), device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn((b, sk, h, d), device="cuda", dtype=torch.bfloat16, generator=g)
         dout = torch.randn_like(q)
-        out, lse = torch.empty_like(q), torch.empty((b, h, sq), device="cuda", dtype=torch.float32)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        t = {n: bench.f3_tensor(x, dt) for n, x in dict(q=q, k=k, v=v, o=out, do=dout, dq=dq, dk=dk, dv=dv).items()}
-        tl = bench.f3_tensor(lse, bench.FLASH3_FP32)
         opts = lib.lib.flash3_default_options()
         opts.softmax_scale = d ** -0.5
-        st = lib.lib.flash3_forward(P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(tl), P(opts), ctypes.c_void_p(stream))
-        ws_bytes = lib.lib.flash3_backward_workspace_size(P(t["q"]), P(t["k"]), P(t["v"]), P(opts))
-        ws = torch.empty(max(int(ws_bytes), 1), device="cuda", dtype=torch.uint8)
-        bwd_args = (P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(t["do"]), P(tl), None, P(t["dq"]), P(t["dk"]),
-                    P(t["dv"]), P(opts), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws_bytes),
-                    ctypes.c_void_p(stream))
-        st |= lib.lib.flash3_backward(*bwd_args)
-        torch.cuda.synchronize()
-        if st != bench.FLASH3_OK:
+        f3 = bench.Flash3Call(torch, lib, q, k, v, dout, opts, stream)
+        if f3.status != bench.FLASH3_OK or f3.bwd() != bench.FLASH3_OK:
             print(f"sq={sq}: flash3 error: {lib.last_error()}")
             return 1
-        ms = bench.sustained_median(torch, lambda: lib.lib.flash3_backward(*bwd_args), args.warmup_ms, args.iters)
+        ms = bench.sustained_median(torch, f3.bwd, args.warmup_ms, args.iters)
         flops = 2.5 * bench.fwd_flops(b, h, sq, sk, d, False)
         points.append((sq, ms))
         print(f"d={d} b={b} h={h} sq={sq:6d} sk={sk}: {ms:8.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")

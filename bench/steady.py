@@ -47,7 +47,6 @@ def main():
         print("steady.py: needs a Hopper (sm_90) GPU")
         sys.exit(2)
     lib = bench.Flash3Lib(args.lib)
-    P = ctypes.byref
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     rows = [(128, s) for s in (4096, 8192, 16384)] + [(d, s) for d in (64, 256) for s in (8192, 16384)]
     print("| pass | hdim | seqlen | causal | flash3 TFLOP/s | cuDNN TFLOP/s | ratio (flash3 first) | ratio (cuDNN first) |")
@@ -56,34 +55,16 @@ def main():
         ratios = []
         for d, s in rows:
             b, h = 16384 // s, 2048 // d
-            q, k, v = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out, dout = torch.empty_like(q), torch.randn_like(q)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-            T = {n: bench.f3_tensor(t, bench.FLASH3_BF16) for n, t in
-                 dict(q=q, k=k, v=v, o=out, do=dout, dq=dq, dk=dk, dv=dv).items()}
-            tl = bench.f3_tensor(lse, bench.FLASH3_FP32)
+            q, k, v, dout = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16) for _ in range(4))
             scale = 1.0 / math.sqrt(d)
             for causal in (False, True):
                 opts = lib.lib.flash3_default_options()
                 opts.softmax_scale, opts.causal = scale, int(causal)
-                fwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(tl), P(opts), stream)
+                call = bench.Flash3Call(torch, lib, q, k, v, dout, opts, stream)
+                f3 = call.fwd if pss == "fwd" else call.bwd
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-                if pss == "fwd":
-                    def f3():
-                        return lib.lib.flash3_forward(*fwd)
-                else:
-                    ws_bytes = lib.lib.flash3_backward_workspace_size(P(T["q"]), P(T["k"]), P(T["v"]), P(opts))
-                    ws = torch.empty(max(int(ws_bytes), 1), device="cuda", dtype=torch.uint8)
-                    bwd = (P(T["q"]), P(T["k"]), P(T["v"]), P(T["o"]), P(T["do"]), P(tl), None, P(T["dq"]),
-                           P(T["dk"]), P(T["dv"]), P(opts), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws_bytes),
-                           stream)
-                    lib.lib.flash3_forward(*fwd)
-
-                    def f3(bwd=bwd, ws=ws):
-                        return lib.lib.flash3_backward(*bwd)
                 cud = bench.cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss)
-                if f3() != bench.FLASH3_OK:
+                if call.status != bench.FLASH3_OK or f3() != bench.FLASH3_OK:
                     raise SystemExit(lib.last_error())
                 cud()
                 flops = bench.fwd_flops(b, h, s, s, d, causal) * (1.0 if pss == "fwd" else 2.5)
@@ -98,7 +79,8 @@ def main():
                 print(f"| {pss} | {d} | {bench.fmt_len(s)} | {'yes' if causal else 'no'} | "
                       f"{statistics.mean(tf['flash3']):.1f} | {statistics.mean(tf['cuDNN']):.1f} | {r[0]:.3f} | {r[1]:.3f} |",
                       flush=True)
-            del q, k, v, out, dout, dq, dk, dv, lse
+            del q, k, v, dout
+            call = None  # the last row's outputs and workspace
             torch.cuda.empty_cache()
         g = math.exp(sum(map(math.log, ratios)) / len(ratios))
         print(f"\n{pss}: steady-state geomean flash3/cuDNN over {len(ratios)} issue rows = {g:.3f}; "

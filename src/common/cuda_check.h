@@ -30,4 +30,13 @@ inline Status check_last_launch(const char* what) { return cuda_status(cudaGetLa
     if (!_st.ok()) return _st;            \
   } while (0)
 
+// SMs of the current device (the persistent forward grid, the backward's tail
+// group size).
+inline Status current_sm_count(int* num_sms) {
+  int device = 0;
+  FLASH3_CUDA_TRY(cudaGetDevice(&device));
+  FLASH3_CUDA_TRY(cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device));
+  return Status::Ok();
+}
+
 }  // namespace flash3

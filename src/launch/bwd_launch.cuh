@@ -85,9 +85,8 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_
   const int num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   kp.tail_heads = 0;
   if (kLpt && kp.tile_group > 0) {
-    int device = 0, num_sms = 0;
-    FLASH3_CUDA_TRY(cudaGetDevice(&device));
-    FLASH3_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    int num_sms = 0;
+    FLASH3_RETURN_IF_ERROR(current_sm_count(&num_sms));
     kp.tail_heads = BwdScheduler::tail_heads(p.heads_kv * p.batch, num_n_blocks, kp.tile_group, num_sms);
   }
 

@@ -77,9 +77,8 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   kp.batch = p.batch;
   dim3 grid;
   if constexpr (Traits::kPersistent) {
-    int device = 0, num_sms = 0;
-    FLASH3_CUDA_TRY(cudaGetDevice(&device));
-    FLASH3_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    int num_sms = 0;
+    FLASH3_RETURN_IF_ERROR(current_sm_count(&num_sms));
     grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, num_sms);
   } else {
     grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
