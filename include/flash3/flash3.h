@@ -99,8 +99,11 @@ struct BackwardArgs {
   TensorView dlse;          // optional (b, hq, sq) fp32 gradient of lse
   TensorView dq, dk, dv;    // written, same shapes/dtypes as q, k, v
   AttentionOptions opts;
-  // Scratch memory; query its size with backward_workspace_size(). If null,
-  // flash3 allocates (stream-ordered) and frees it itself.
+  // Scratch memory; query its size with backward_workspace_size() on the
+  // device that will run the call (it depends on q's, k's and v's shapes, the
+  // mask and, for unmasked calls, that device's SM count; backward() checks
+  // the size again). If null, flash3 allocates (stream-ordered) and frees it
+  // itself.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -77,11 +77,15 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   }
 }
 
-// Depends only on q's shape (and the head dims): the size a caller allocates
-// before it has the other tensors. 0 for an empty or malformed q.
+// From the shapes of q, k (seqlen_k, KV heads) and v (head_dim_v), the mask
+// options and the current device's SM count (the unmasked launch's split
+// plan, BwdSplitPlan). 0 for an empty or malformed q. Without a k (a caller
+// sizing scratch before it has the other tensors), the split part is sized
+// for the worst case, which any k then fits.
 size_t backward_workspace_size(const BackwardArgs& args) {
   try {
     const TensorView& q = args.q;
+    const TensorView& k = args.k;
     if (args.opts.cu_seqlens_q != nullptr || q.ndim != 4 || args.v.ndim != 4) return 0;
     for (int i = 0; i < 4; ++i)
       if (q.shape[i] <= 0) return 0;
@@ -92,7 +96,12 @@ size_t backward_workspace_size(const BackwardArgs& args) {
     p.heads_q = static_cast<int>(q.shape[2]);
     p.head_dim = static_cast<int>(q.shape[3]);
     p.head_dim_v = static_cast<int>(args.v.shape[3]);
-    p.is_causal = args.opts.causal;
+    apply_mask_options(args.opts, &p);
+    const bool have_k = k.ndim == 4 && k.shape[1] > 0 && k.shape[1] <= INT32_MAX && k.shape[2] > 0 &&
+                        k.shape[2] <= p.heads_q && p.heads_q % k.shape[2] == 0;
+    if (!have_k) return backward_workspace_bytes_bound(p);
+    p.seqlen_k = static_cast<int>(k.shape[1]);
+    p.heads_kv = static_cast<int>(k.shape[2]);
     return backward_workspace_bytes(p);
   } catch (...) {
     return 0;

@@ -570,16 +570,20 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   p.softmax_scale_log2 = p.softmax_scale * kLog2e;
   p.softcap = args.opts.softcap;
 
-  // Masks: causal == window (-1, 0). Normalised as FlashAttention does: causal
-  // forces window_right = 0; (-1, 0) is the causal kernel, any other bounded
-  // window is local; (-1, -1) is no mask.
-  int wl = args.opts.window_left, wr = args.opts.window_right;
-  if (args.opts.causal) wr = 0;
-  p.is_causal = wl < 0 && wr == 0;
-  p.is_local = !p.is_causal && (wl >= 0 || wr >= 0);
-  p.window_left = p.is_local ? wl : -1;
-  p.window_right = (p.is_local || p.is_causal) ? wr : -1;
+  apply_mask_options(args.opts, &p);
   return p;
+}
+
+// Masks: causal == window (-1, 0). Normalised as FlashAttention does: causal
+// forces window_right = 0; (-1, 0) is the causal kernel, any other bounded
+// window is local; (-1, -1) is no mask.
+void apply_mask_options(const AttentionOptions& opts, FwdParams* p) {
+  int wl = opts.window_left, wr = opts.window_right;
+  if (opts.causal) wr = 0;
+  p->is_causal = wl < 0 && wr == 0;
+  p->is_local = !p->is_causal && (wl >= 0 || wr >= 0);
+  p->window_left = p->is_local ? wl : -1;
+  p->window_right = (p->is_local || p->is_causal) ? wr : -1;
 }
 
 BwdParams make_bwd_params(const BackwardArgs& args) {

@@ -216,6 +216,7 @@ struct BwdTraits {
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_v;
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelinedO::SharedStorage pipeline_do;
+    int split_last;  // BwdEpilogue::combine_pieces: this piece finished last
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
@@ -241,6 +242,10 @@ struct BwdTraits {
     bool deterministic;
     int tile_group;  // BwdScheduler: (KV head, batch) pairs per longest-first group (0: one group)
     int tail_heads;  // BwdScheduler: the last pairs, launched as one longest-first group (BwdScheduler::tail_heads)
+    int num_n_blocks;
+    int split_first, split_pieces;  // BwdSplitPlan (unmasked launches): blocks from split_first on run in pieces
+    float* split_partials;          // workspace: one (kBlockN x (d + dv)) fp32 slot per piece
+    int* split_count;               // workspace: pieces done per split block
   };
 };
 

@@ -21,6 +21,8 @@ namespace flash3 {
 
 struct BwdTile {
   int n_block, head_kv, batch;
+  int piece = 0, pieces = 1;  // BwdSplitPlan: this CTA's share of the KV block's query blocks
+  int split = -1;             // index among the split KV blocks (partial slots, counter); -1: whole
 };
 
 template <class Traits>

@@ -10,6 +10,14 @@
 namespace flash3 {
 using namespace cute;
 
+// blockIdx.x read again (volatile asm: never merged with an earlier read), so
+// that values decoded from it need not stay live across a long loop.
+CUTLASS_DEVICE int fresh_block_idx_x() {
+  uint32_t x;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  return int(x);
+}
+
 // Issues one warpgroup GEMM C (+)= A * B over all k-blocks as a single WGMMA
 // group. wg_wait < 0: return with the group in flight (the caller waits later,
 // which is what lets softmax overlap the PV GEMM); otherwise wait until at most

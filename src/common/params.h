@@ -94,5 +94,7 @@ struct BwdParams : FwdParams {
 
 // Lowers validated args (workspace left null; the caller provides it).
 BwdParams make_bwd_params(const BackwardArgs& args);
+// The mask flags and window of `opts`, normalised as make_fwd_params does.
+void apply_mask_options(const AttentionOptions& opts, FwdParams* p);
 
 }  // namespace flash3

@@ -140,6 +140,30 @@
 #ifndef FLASH3_BWD_TAIL_WAVES
 #define FLASH3_BWD_TAIL_WAVES 3
 #endif
+// FLASH3_BWD_SPLIT_FIXED_ITERS, FLASH3_BWD_SPLIT_SLOT_ITERS: the unmasked
+// backward's cost model for splitting the last, partial wave's KV blocks over
+// their query range (bwd_split_plan): a CTA's fixed cost (K / V load, pipeline
+// fill, epilogue, the partial's write) and the cost of summing one more
+// partial, in query-block iterations. FLASH3_BWD_SPLIT_FIXED_ITERS < 0 turns
+// the split off.
+#ifndef FLASH3_BWD_SPLIT_FIXED_ITERS
+#define FLASH3_BWD_SPLIT_FIXED_ITERS 3
+#endif
+#ifndef FLASH3_BWD_SPLIT_SLOT_ITERS
+#define FLASH3_BWD_SPLIT_SLOT_ITERS 0.3
+#endif
+// FLASH3_BWD_SPLIT_STAGING_ITERS: what fp32 dK / dV staging adds to every
+// block of a split launch (d = 128 512 unmasked, 8 query blocks per KV block,
+// ran 5.5% slower with it: about 0.5 iterations).
+#ifndef FLASH3_BWD_SPLIT_STAGING_ITERS
+#define FLASH3_BWD_SPLIT_STAGING_ITERS 0.5
+#endif
+// FLASH3_BWD_SPLIT_PIECES > 0: that many pieces per split block instead of
+// the cost model's choice (experiments; still at most one per query block and
+// 3 waves of pieces).
+#ifndef FLASH3_BWD_SPLIT_PIECES
+#define FLASH3_BWD_SPLIT_PIECES 0
+#endif
 
 namespace flash3 {
 

@@ -10,6 +10,7 @@
 #include "bwd/workspace.h"
 #include "common/cuda_check.h"
 #include "common/params.h"
+#include "launch/dispatch.h"
 
 namespace flash3 {
 
@@ -27,7 +28,8 @@ inline int bwd_tile_group(const BwdParams& p, int elem_bytes) {
 }
 
 template <class Traits, bool kLpt>
-Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_shift, cudaStream_t stream) {
+Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const BwdSplitPlan& split, int row_shift,
+                       cudaStream_t stream) {
   using Element = typename Traits::Element;
   using namespace cute;
   typename Traits::Params kp{};
@@ -83,6 +85,11 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_
   kp.deterministic = p.deterministic;
   kp.tile_group = kLpt ? bwd_tile_group(p, int(sizeof(typename Traits::Element))) : 0;
   const int num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  kp.num_n_blocks = num_n_blocks;
+  kp.split_first = split.first;
+  kp.split_pieces = split.pieces;
+  kp.split_partials = reinterpret_cast<float*>(ws + w.split_partials_offset);
+  kp.split_count = reinterpret_cast<int*>(ws + w.split_count_offset);
   kp.tail_heads = 0;
   if (kLpt && kp.tile_group > 0) {
     int num_sms = 0;
@@ -90,12 +97,17 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, int row_
     kp.tail_heads = BwdScheduler::tail_heads(p.heads_kv * p.batch, num_n_blocks, kp.tile_group, num_sms);
   }
 
-  auto kernel = flash_bwd_kernel<Traits, kLpt>;
   constexpr int smem = Traits::kSmemBytes;
-  FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid = BwdScheduler::grid(kLpt, num_n_blocks, p.heads_kv, p.batch);
-  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
-  return check_last_launch("flash3 backward kernel launch");
+  const dim3 grid = BwdScheduler::grid(kLpt, num_n_blocks, p.heads_kv, p.batch, split);
+  auto launch = [&](auto kernel) -> Status {
+    FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
+    return check_last_launch("flash3 backward kernel launch");
+  };
+  if constexpr (!kLpt) {
+    if (split.pieces > 1) return launch(flash_bwd_kernel<Traits, false, true>);
+  }
+  return launch(flash_bwd_kernel<Traits, kLpt, false>);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
@@ -103,7 +115,8 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
   using Traits =
       BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask>;
   constexpr int kBlockM = Traits::kBlockM;
-  const BwdWorkspaceLayout w = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, kBlockM);
+  BwdSplitPlan split;
+  const BwdWorkspaceLayout w = bwd_workspace_for(p, kBlockM, Traits::kBlockN, &split);
   const int row_shift = bwd_row_shift(w, p.seqlen_q, kCausalOrLocal);
   char* ws = static_cast<char*>(p.workspace);
 
@@ -127,6 +140,8 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     pp.dpsum = reinterpret_cast<float*>(ws + w.dpsum_offset);
     pp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum_offset);
     pp.dq_sem = reinterpret_cast<int*>(ws + w.sem_offset);
+    pp.split_count = reinterpret_cast<int*>(ws + w.split_count_offset);
+    pp.split_tiles = split.tiles;
     pp.seqlen_q = p.seqlen_q;
     pp.heads_q = p.heads_q;
     pp.num_m_blocks = w.num_m_blocks;
@@ -138,7 +153,7 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward preprocess launch"));
   }
   if (p.seqlen_k > 0) {
-    FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, row_shift, stream)));
+    FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, split, row_shift, stream)));
   }
   if (w.num_m_blocks > 0) {
     BwdPostParams pp{};

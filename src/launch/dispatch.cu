@@ -64,11 +64,40 @@ Status launch_backward(const BwdParams& params, cudaStream_t stream) {
                               std::to_string(params.head_dim_v) + " is not built in this library");
 }
 
+BwdWorkspaceLayout bwd_workspace_for(const BwdParams& p, int tile_m, int tile_n, BwdSplitPlan* split) {
+  *split = BwdSplitPlan{};
+  const int m_blocks = (p.seqlen_q + tile_m - 1) / tile_m;
+  const int tiles = (p.seqlen_k + tile_n - 1) / tile_n * p.heads_kv * p.batch;
+  split->first = tiles;
+  int num_sms = 0;
+  if (!(p.is_causal || p.is_local) && p.heads_kv > 0 && current_sm_count(&num_sms).ok()) {
+    *split = bwd_split_plan(tiles, num_sms, m_blocks, p.heads_q / p.heads_kv);
+  }
+  return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, tile_m, *split,
+                              size_t(tile_n) * (p.head_dim + p.head_dim_v));
+}
+
+static BwdTileConfig bwd_config_of(const BwdParams& p) {
+  return bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, bwd_short_tile(p.head_dim, p.seqlen_q));
+}
+
 size_t backward_workspace_bytes(const BwdParams& p) {
-  const int tile_m =
-      bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, bwd_short_tile(p.head_dim, p.seqlen_q))
-          .tile_m;
-  return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, tile_m).bytes;
+  const BwdTileConfig cfg = bwd_config_of(p);
+  BwdSplitPlan split;
+  return bwd_workspace_for(p, cfg.tile_m, cfg.tile_n, &split).bytes;
+}
+
+size_t backward_workspace_bytes_bound(const BwdParams& p) {
+  const BwdTileConfig cfg = bwd_config_of(p);
+  BwdSplitPlan worst;  // the most any plan can use: tiles % SMs < SMs blocks, 3 waves of pieces
+  int num_sms = 0;
+  if (!(p.is_causal || p.is_local) && current_sm_count(&num_sms).ok()) {
+    worst.tiles = num_sms;
+    worst.pieces = kBwdSplitMaxWaves;
+  }
+  return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, cfg.tile_m, worst,
+                              size_t(cfg.tile_n) * (p.head_dim + p.head_dim_v))
+      .bytes;
 }
 
 }  // namespace flash3

@@ -1,6 +1,7 @@
 // The host side of the runtime -> compile-time switch (implemented in dispatch.cu,
 // the one file that maps (dtype, head_dim, head_dim_v) onto the generated instantiations).
 #pragma once
+#include "bwd/workspace.h"
 #include "common/params.h"
 
 namespace flash3 {
@@ -13,5 +14,13 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream);
 // params.workspace must hold backward_workspace_bytes(params).
 Status launch_backward(const BwdParams& params, cudaStream_t stream);
 size_t backward_workspace_bytes(const BwdParams& params);
+// At least backward_workspace_bytes for any seqlen_k / heads_kv (the split
+// plan's worst case), for callers that size scratch from q alone.
+size_t backward_workspace_bytes_bound(const BwdParams& params);
+// The backward's scratch layout for tiles of (tile_m, tile_n), including the
+// unmasked launch's split plan (bwd_split_plan, on the current device's SM
+// count; no split where the count cannot be read). The launcher and
+// backward_workspace_bytes both come here, so they agree.
+BwdWorkspaceLayout bwd_workspace_for(const BwdParams& params, int tile_m, int tile_n, BwdSplitPlan* split);
 
 }  // namespace flash3

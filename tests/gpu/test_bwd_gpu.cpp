@@ -42,6 +42,8 @@
 #include "gpu_reference.cuh"
 #include "gpu_case.h"
 #include "gpu_test_util.h"
+#include "bwd/workspace.h"
+#include "config/tile_size.h"
 #include "reference/reference.h"
 
 namespace flash3 {
@@ -556,7 +558,8 @@ TEST(BwdGpu, DlseGradient) {
 
 // ===========================================================================
 // Deterministic mode: bitwise identical dq / dk / dv over 5 runs (causal GQA 4:1,
-// seqlen 4096), and the result passes the tolerance rule.
+// seqlen 4096; MQA, window and an unmasked launch whose last wave is split),
+// and the result passes the tolerance rule.
 // ===========================================================================
 TEST(BwdGpu, DeterministicBitwise) {
   FLASH3_SKIP_WITHOUT_HOPPER();
@@ -569,8 +572,18 @@ TEST(BwdGpu, DeterministicBitwise) {
   };
   const S shapes[] = {{2, 4096, 4096, 8, 2, Mask::kCausal},  // the case
                       {1, 1000, 1000, 4, 1, Mask::kNone},    // MQA
-                      {3, 113, 1023, 8, 2, Mask::kWindow256_256}};
+                      {3, 113, 1023, 8, 2, Mask::kWindow256_256},
+                      {1, 2048, 2048, 17, 17, Mask::kNone}};  // a partial last wave of whole and split blocks
+  int num_sms = 0;
+  ASSERT_TRUE(cuda_ok(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), "SM count"));
+  int split_shapes = 0;  // unmasked shapes whose last wave runs in pieces (BwdSplitPlan): their sum order is fixed too
   for (const S& s : shapes) {
+    if (s.m == Mask::kNone) {
+      const flash3::BwdTileConfig cfg = flash3::bwd_tile_config(d, dv, false, flash3::bwd_short_tile(d, s.sq));
+      const int tiles = (s.sk + cfg.tile_n - 1) / cfg.tile_n * s.hkv * s.b;
+      split_shapes += flash3::bwd_split_plan(tiles, num_sms, (s.sq + cfg.tile_m - 1) / cfg.tile_m, s.hq / s.hkv)
+                          .pieces > 1;
+    }
     Case c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
     apply_mask(&c, s.m);
@@ -614,6 +627,7 @@ TEST(BwdGpu, DeterministicBitwise) {
     check_gradients(c, p, first);
     if (HasFatalFailure()) return;
   }
+  EXPECT_GE(split_shapes, 1) << "no shape exercises the split last wave on this device";
 }
 
 // ===========================================================================
@@ -693,7 +707,9 @@ TEST(BwdGpu, EmptySeqlenQGivesZeroDkDv) {
 }
 
 // ===========================================================================
-// Caller-provided workspace of exactly backward_workspace_size() bytes.
+// Caller-provided workspace of exactly backward_workspace_size() bytes
+// (causal, and unmasked with its last wave split: partial slots and counters
+// in the workspace too); sized from q alone (no k), it is at least as large.
 // ===========================================================================
 TEST(BwdGpu, CallerWorkspace) {
   FLASH3_SKIP_WITHOUT_HOPPER();
@@ -702,12 +718,13 @@ TEST(BwdGpu, CallerWorkspace) {
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
   constexpr size_t kWsGuard = 4096;
   constexpr uint8_t kWsPoison = 0xa5;
-  for (bool det : {true, false}) {
+  for (int run = 0; run < 4; ++run) {
+    const bool det = run % 2 == 0, causal = run < 2;
     Case c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 8, c.hkv = 2;
-    c.causal = true;
+    c.causal = causal;
     c.deterministic = det;
-    c.name = std::string("workspace_") + (det ? "deterministic" : "default");
+    c.name = std::string("workspace_") + (det ? "deterministic" : "default") + (causal ? "_causal" : "_nomask");
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
     Buffers b;
@@ -718,7 +735,10 @@ TEST(BwdGpu, CallerWorkspace) {
     ASSERT_TRUE(fs.ok()) << fs.message;
 
     const size_t ws_bytes = flash3::backward_workspace_size(make_bwd_args(c, p, ds.grad.ptr));
-    ::testing::Test::RecordProperty(std::string("workspace_bytes_") + (det ? "det" : "default"), std::to_string(ws_bytes));
+    ::testing::Test::RecordProperty(c.name + "_bytes", std::to_string(ws_bytes));
+    flash3::BackwardArgs q_only = make_bwd_args(c, p, ds.grad.ptr);
+    q_only.k = flash3::TensorView{};
+    EXPECT_GE(flash3::backward_workspace_size(q_only), ws_bytes) << "sized from q alone";
     tu::DeviceBuffer ws;
     ASSERT_TRUE(cuda_ok(ws.reserve(ws_bytes + kWsGuard), "workspace"));
     // Garbage in the workspace: flash3 must initialise what it needs. On the

@@ -58,7 +58,7 @@ void expect_query_block_step() {
 template <class T, int kCols>
 void expect_staged_tile(std::size_t buffer_bytes) {
   using Epi = flash3::BwdEpilogue<T>;
-  constexpr int kChunk = Epi::kChunk, kChunks = kCols / kChunk;
+  constexpr int kChunk = 16 / int(sizeof(typename T::Element)), kChunks = kCols / kChunk;
   std::vector<int> hits(buffer_bytes / 16, 0);
   int bad = 0;
   for (int row = 0; row < T::kBlockN; ++row)

@@ -28,6 +28,22 @@ TEST(BwdWorkspace, AlignedDisjointAndPadded) {
   }
 }
 
+// With a split plan (BwdSplitPlan) the partial slots and counters follow,
+// aligned and disjoint; without one they take no space.
+TEST(BwdWorkspace, SplitSlotsAfterTheCounters) {
+  const flash3::BwdSplitPlan plan = flash3::bwd_split_plan(2048, 132, 52, 1);
+  ASSERT_GT(plan.pieces, 1);
+  const size_t slot = 128 * (128 + 128);
+  const flash3::BwdWorkspaceLayout w = flash3::bwd_workspace_layout(4, 16, 4096, 128, 80, plan, slot);
+  const flash3::BwdWorkspaceLayout plain = flash3::bwd_workspace_layout(4, 16, 4096, 128, 80);
+  EXPECT_EQ(w.split_partials_offset % 256, 0u);
+  EXPECT_EQ(w.split_count_offset % 256, 0u);
+  EXPECT_EQ(w.split_partials_offset, plain.bytes);
+  EXPECT_GE(w.split_count_offset, w.split_partials_offset + size_t(plan.slots()) * slot * 4);
+  EXPECT_GE(w.bytes, w.split_count_offset + size_t(plan.tiles) * 4);
+  EXPECT_EQ(plain.split_count_offset, plain.bytes);
+}
+
 TEST(BwdWorkspace, EmptyQueriesNeedNoScratch) {
   const flash3::BwdWorkspaceLayout w = flash3::bwd_workspace_layout(2, 4, 0, 128, 64);
   EXPECT_EQ(w.num_m_blocks, 0);
