@@ -35,14 +35,13 @@ struct BwdSplitPlan {
   int slots() const { return tiles * pieces; }
 };
 
-// tiles: KV blocks in the launch; iters: query-block iterations per KV block
-// (query blocks times query heads per KV head); m_blocks: query blocks, the
-// most pieces a block can have. At most kMaxWaves waves of pieces, which
-// bounds the partials' scratch memory.
+// tiles: KV blocks in the launch; m_blocks: query blocks per KV block and
+// query head, the most pieces a block can have; heads_per_kv: query heads per
+// KV head (a KV block walks its query blocks once per query head). At most
+// kBwdSplitMaxWaves waves of pieces, which bounds the partials' scratch memory.
 constexpr int kBwdSplitMaxWaves = 3;
 
 inline BwdSplitPlan bwd_split_plan(int tiles, int num_sms, int m_blocks, int heads_per_kv) {
-  constexpr int kMaxWaves = kBwdSplitMaxWaves;
   BwdSplitPlan plan;
   plan.first = tiles;
   const double fixed = FLASH3_BWD_SPLIT_FIXED_ITERS, slot = FLASH3_BWD_SPLIT_SLOT_ITERS;
@@ -52,7 +51,7 @@ inline BwdSplitPlan bwd_split_plan(int tiles, int num_sms, int m_blocks, int hea
   // A split launch's whole blocks pay the fp32 staging too.
   const double staging = double(FLASH3_BWD_SPLIT_STAGING_ITERS) * (tiles / num_sms);
   double best = double(heads_per_kv) * m_blocks + fixed;
-  for (int k = 2; k <= m_blocks && rem * k <= kMaxWaves * num_sms; ++k) {
+  for (int k = 2; k <= m_blocks && rem * k <= kBwdSplitMaxWaves * num_sms; ++k) {
     const int waves = (rem * k + num_sms - 1) / num_sms;
     const double cost =
         waves * (double(heads_per_kv) * ((m_blocks + k - 1) / k) + fixed) + (k - 1) * slot + staging;
