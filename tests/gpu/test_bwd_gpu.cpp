@@ -717,14 +717,23 @@ TEST(BwdGpu, CallerWorkspace) {
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward + backward kernel pair";
   constexpr size_t kWsGuard = 4096;
-  constexpr uint8_t kWsPoison = 0xa5;
-  for (int run = 0; run < 4; ++run) {
-    const bool det = run % 2 == 0, causal = run < 2;
+  // NaN as fp32 (and -1 as int32): a value flash3 reads without writing it
+  // first shows up in the gradients (0xa5 bytes were a float of about -3e-16,
+  // lost below the tolerance).
+  constexpr uint8_t kWsPoison = 0xff;
+  for (int run = 0; run < 6; ++run) {
+    const bool det = run % 2 == 0, causal = run < 2 || run >= 4;
     Case c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 8, c.hkv = 2;
+    // Runs 4 and 5: causal with more queries than keys, so the top query
+    // blocks see no key at all and no KV block adds into their dQ
+    // accumulator: their dQ must still come out zero (the reference's), not
+    // whatever the workspace held.
+    if (run >= 4) c.sk = 300;
     c.causal = causal;
     c.deterministic = det;
-    c.name = std::string("workspace_") + (det ? "deterministic" : "default") + (causal ? "_causal" : "_nomask");
+    c.name = std::string("workspace_") + (det ? "deterministic" : "default") + (causal ? "_causal" : "_nomask") +
+             (run >= 4 ? "_sk300" : "");
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
     Buffers b;
