@@ -722,18 +722,18 @@ TEST(BwdGpu, CallerWorkspace) {
   // lost below the tolerance).
   constexpr uint8_t kWsPoison = 0xff;
   for (int run = 0; run < 6; ++run) {
-    const bool det = run % 2 == 0, causal = run < 2 || run >= 4;
-    Case c;
-    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 8, c.hkv = 2;
     // Runs 4 and 5: causal with more queries than keys, so the top query
     // blocks see no key at all and no KV block adds into their dQ
     // accumulator: their dQ must still come out zero (the reference's), not
     // whatever the workspace held.
-    if (run >= 4) c.sk = 300;
+    const bool short_k = run >= 4;
+    const bool det = run % 2 == 0, causal = run < 2 || short_k;
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = short_k ? 300 : 1000, c.hq = 8, c.hkv = 2;
     c.causal = causal;
     c.deterministic = det;
     c.name = std::string("workspace_") + (det ? "deterministic" : "default") + (causal ? "_causal" : "_nomask") +
-             (run >= 4 ? "_sk300" : "");
+             (short_k ? "_sk300" : "");
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
     Buffers b;
