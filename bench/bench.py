@@ -4,16 +4,53 @@
 Shapes follow the FlashAttention-3 paper: 16k tokens per batch (batch = 16384 // seqlen),
 hidden 2048 (heads = 2048 // hdim), hdim in {64, 128, 256}, seqlen 512 .. 16k, causal
 off/on, forward and backward (backward FLOPs = 2.5 x forward; forward FLOPs =
-4 * b * h * sq * sk * d, halved for causal).
+4 * b * h * sq * sk * d, halved for causal). The 14 headline rows (--headline) are
+hdim 128 at 4k / 8k / 16k and hdims 64 and 256 at 8k / 16k, causal and not.
 
-flash3 is loaded through its C ABI (include/flash3/flash3_c.h) with ctypes. Before a
-row is timed, flash3's output is checked against torch math SDPA in fp32 with the
-tolerance rule  err <= 2 * err(plain bf16 math SDPA) + 1e-5  (no NaN).
+flash3 is loaded through its C ABI (include/flash3/flash3_c.h) with ctypes.
+
+Modes:
+  table (default)  every row checked against torch math SDPA in fp32 (tolerance rule
+                   err <= 2 * err(plain bf16 math SDPA) + 1e-5, no NaN), then flash3, cuDNN
+                   and FA2 timed; a markdown table, geomeans, optional CSV and plot.
+  --ab [NAME=]PATH another flash3 build (repeatable), timed in the same process as --lib
+                   (named by --name) and cuDNN, interleaved: --rounds rounds, each timing
+                   every contender once, the first contender rotating; per contender the
+                   median over rounds and the spread (max - min) / median. Run-to-run drift
+                   between processes (clocks, L2 state) is as large as most kernel changes.
+                   Libraries of either flash3_options layout (with or without struct_size)
+                   can be compared. No correctness check.
+  --steady         the interleaved mode against cuDNN under sustained load: each timing
+                   after --warmup-ms (300) of back-to-back calls, --rounds 2 (both orders),
+                   --gap-s 1 of idle before each round, headline rows unless --hdims /
+                   --seqlens are given. Under the H200's power cap the clocks drop within
+                   tens of milliseconds of continuous work, and not equally for every
+                   kernel, so a short burst after an idle gap measures boost clocks a
+                   training job does not see.
+  --power          each contender back to back for --seconds while nvidia-smi samples power
+                   and SM clock: mean power, clock, time and energy per call (headline rows
+                   of the backward by default). The H200 holds its power cap under these
+                   loads, so energy per call sets the sustained speed.
+  --fixed-cost     flash3's backward at one --seqlen-k and several --seqlens (seqlen_q),
+                   sustained, fitted as T = slope * sq + intercept: intercept / slope is what
+                   a KV-block tile costs besides its query-block iterations (launch, first
+                   loads, epilogue), in query rows (in iterations with --tile-m).
+  --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
   python3 bench/bench.py                       # full table (about 10 minutes on an H200)
   python3 bench/bench.py --quick               # a small subset
   python3 bench/bench.py --hdims 128 --seqlens 4k,8k --passes fwd --causal on --csv out.csv
+  python3 bench/bench.py --headline --rounds 2 --warmup-ms 300   # headline rows, sustained
+  python3 bench/bench.py --lib old/libflash3.so --name old --ab new=build/libflash3.so \\
+      --headline --passes fwd,bwd --warmup-ms 300               # new / old, one process
+  python3 bench/bench.py --steady --passes fwd,bwd
+  python3 bench/bench.py --power --passes bwd --hdims 128 --seqlens 4k --causal on
+  python3 bench/bench.py --fixed-cost --hdims 128 --seqlen-k 4k --seqlens 2k,4k,8k,16k --tile-m 80
+  python3 bench/bench.py --from-csv out.csv --plot out.png
+Profiling one kernel: ncu --kernel-name regex:flash_bwd_kernel --launch-count 1 python3
+bench/bench.py --iters 1 --warmup 0 --no-check --passes bwd --hdims 128 --seqlens 8k --causal off;
+its main loops' SASS: tools/sass_loops.py.
 Exit status: 0 ok, 1 a check failed (or the library could not be loaded), 2 no Hopper GPU.
 """
 import argparse
@@ -23,6 +60,7 @@ import ctypes
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -46,28 +84,46 @@ class F3Tensor(ctypes.Structure):
     ]
 
 
+_OPTION_FIELDS = [
+    ("softmax_scale", ctypes.c_float),
+    ("causal", ctypes.c_int32),
+    ("window_left", ctypes.c_int32),
+    ("window_right", ctypes.c_int32),
+    ("softcap", ctypes.c_float),
+    ("deterministic", ctypes.c_int32),
+    ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)),
+    ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
+    ("max_seqlen_q", ctypes.c_int32),
+    ("max_seqlen_k", ctypes.c_int32),
+]
+
+
 class F3Options(ctypes.Structure):
-    _fields_ = [
-        ("softmax_scale", ctypes.c_float),
-        ("causal", ctypes.c_int32),
-        ("window_left", ctypes.c_int32),
-        ("window_right", ctypes.c_int32),
-        ("softcap", ctypes.c_float),
-        ("deterministic", ctypes.c_int32),
-        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)),
-        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
-        ("max_seqlen_q", ctypes.c_int32),
-        ("max_seqlen_k", ctypes.c_int32),
-    ]
+    """flash3_options: struct_size first (set by flash3_default_options)."""
+    _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS
+
+
+class F3OptionsNoSize(ctypes.Structure):
+    """The flash3_options layout without struct_size (softmax_scale first, <= 0 meaning
+    1/sqrt(d)): --ab against libraries built with that header."""
+    _fields_ = _OPTION_FIELDS
 
 
 class Flash3Lib:
     def __init__(self, path):
-        self.lib = lib = ctypes.CDLL(path)
-        T = ctypes.POINTER(F3Tensor)
-        O = ctypes.POINTER(F3Options)
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path)  # RTLD_LOCAL: several builds can be loaded side by side
+        # The options layout: flash3_default_options() of the struct_size layout
+        # returns sizeof(flash3_options) in its first field; the other layout
+        # has softmax_scale there (0.0f, or a NaN: never that integer's bits).
+        # F3Options is the larger struct, so either library's return fits.
         lib.flash3_default_options.restype = F3Options
         lib.flash3_default_options.argtypes = []
+        probe = lib.flash3_default_options()
+        self.Options = F3Options if probe.struct_size == ctypes.sizeof(F3Options) else F3OptionsNoSize
+        lib.flash3_default_options.restype = self.Options
+        T = ctypes.POINTER(F3Tensor)
+        O = ctypes.POINTER(self.Options)
         lib.flash3_forward.restype = ctypes.c_int
         lib.flash3_forward.argtypes = [T, T, T, T, T, O, ctypes.c_void_p]
         lib.flash3_backward.restype = ctypes.c_int
@@ -86,6 +142,14 @@ class Flash3Lib:
         lib.flash3_last_error.argtypes = []
         lib.flash3_version.restype = ctypes.c_char_p
         lib.flash3_version.argtypes = []
+
+    def options(self, scale, causal=False, deterministic=False):
+        """flash3_default_options() with the softmax scale, causal and deterministic set."""
+        opts = self.lib.flash3_default_options()
+        opts.softmax_scale = scale
+        opts.causal = 1 if causal else 0
+        opts.deterministic = 1 if deterministic else 0
+        return opts
 
     def last_error(self):
         m = self.lib.flash3_last_error()
@@ -110,7 +174,7 @@ def f3_tensor(t, f3_dtype):
 
 class Flash3Call:
     """flash3 forward and backward on (b, s, h, d) bf16 / fp16 CUDA tensors q, k,
-    v, dout, the setup the timing tools share: owns O, LSE, dQ / dK / dV and the
+    v, dout, the setup the timing modes share: owns O, LSE, dQ / dK / dV and the
     backward workspace (sized for `opts`). The constructor runs the forward once
     (its status in .status), so that bwd() differentiates a real O and LSE;
     fwd() / bwd() make one call each and return its status."""
@@ -188,10 +252,54 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-# The rows the FA3-vs-cuDNN comparison is most often about.
-ISSUE_ROWS = {(128, 4096), (128, 8192), (128, 16384), (64, 8192), (64, 16384), (256, 8192), (256, 16384)}
+# The (hdim, seqlen) pairs of the headline rows (each causal and not: 14 rows).
+HEADLINE_ROWS = [(128, 4096), (128, 8192), (128, 16384), (64, 8192), (64, 16384), (256, 8192), (256, 16384)]
 
 
+def fit_line(points):
+    """Least-squares y = slope * x + intercept over (x, y) points (at least two
+    distinct x); returns (slope, intercept, largest absolute residual)."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if n < 2 or sxx == 0:
+        raise ValueError("fit_line needs at least two distinct x values")
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    icept = my - slope * mx
+    resid = max(abs(p[1] - (slope * p[0] + icept)) for p in points)
+    return slope, icept, resid
+
+
+def parse_smi_line(line, t_origin):
+    """(seconds since t_origin, watts, MHz) from one `nvidia-smi --query-gpu=
+    timestamp,power.draw,clocks.sm --format=csv,noheader,nounits` line; None
+    for anything else (headers, [N/A] fields)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 3:
+        return None
+    try:
+        stamp, frac = (parts[0].split(".") + ["0"])[:2]
+        ts = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+        return ts - t_origin, float(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+
+
+def segment_stats(samples, start, end, ms_per_call):
+    """Mean power (W) and SM clock (MHz) of the samples in [start, end], and
+    the energy of one call (J) at that power; None without samples."""
+    sel = [(p, c) for (t, p, c) in samples if start <= t <= end]
+    if not sel:
+        return None
+    watts = sum(p for p, _ in sel) / len(sel)
+    mhz = sum(c for _, c in sel) / len(sel)
+    return watts, mhz, watts * ms_per_call / 1e3
+
+
+# ---------------------------------------------------------------------------
+# Timing.
+# ---------------------------------------------------------------------------
 def run_for(torch, fn, ms):
     """Calls fn() back to back for about `ms` milliseconds of wall time."""
     t0 = time.perf_counter()
@@ -233,14 +341,14 @@ def events_median(torch, fn, n):
 def sustained_median(torch, fn, warmup_ms, iters):
     """Median milliseconds of `iters` timed runs of fn(), after running it back to
     back for `warmup_ms` (so that, under the power cap, the clocks have settled
-    to what sustained use of this kernel gets; see docs/performance.md)."""
+    to what sustained use of this kernel gets)."""
     run_for(torch, fn, warmup_ms)
     return events_median(torch, fn, iters)
 
 
 def cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss):
     """cuDNN (torch SDPA) forward, or backward only (the graph of one forward is
-    kept), on (b, h, s, d) views; for the interleaved / steady-state tools."""
+    kept), on (b, h, s, d) views; for the interleaved and power modes."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     if pss == "fwd":
         def fwd():
@@ -258,13 +366,18 @@ def cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss):
     return bwd
 
 
+# Table-mode contenders: flash3, cuDNN and FlashAttention-2 through torch SDPA, and the
+# official FlashAttention-3 when --fa3 names its torch extension.
+CONTENDERS = ("flash3", "cudnn", "fa2", "fa3")
+
+
 class RowResult:
     def __init__(self, hdim, seqlen, causal, pss, batch, heads):
         self.hdim, self.seqlen, self.causal, self.pss = hdim, seqlen, causal, pss
         self.batch, self.heads = batch, heads
         self.flops = 0.0
-        self.ms = {"flash3": None, "cudnn": None, "fa2": None}
-        self.note = {"flash3": "", "cudnn": "", "fa2": ""}
+        self.ms = {w: None for w in CONTENDERS}
+        self.note = {w: "" for w in CONTENDERS}
         self.check = "-"
         self.err = self.bound = None
 
@@ -277,72 +390,39 @@ class RowResult:
         return ta / tb if ta and tb else None
 
 
+
+
+def shape_pairs(args):
+    """(hdim, seqlen) pairs of the run: the headline pairs, or --hdims x --seqlens."""
+    if args.headline:
+        return list(HEADLINE_ROWS)
+    return [(d, s) for d in parse_list(args.hdims, int) for s in parse_list(args.seqlens, parse_len)]
+
+
+def each_row(torch, args, causals, passes, dtype, n=4):
+    """(hdim, seqlen, causal, pass, softmax scale, FLOPs, inputs) for every row of the run;
+    inputs: n paper-shape tensors (q, k, v[, dout]) of (b, s, h, d) with batch = tokens //
+    seqlen and heads = hidden // hdim, shared by the rows of one (hdim, seqlen) pair."""
+    for hdim, seqlen in shape_pairs(args):
+        batch, heads = max(1, args.tokens // seqlen), max(1, args.hidden // hdim)
+        torch.manual_seed(1234 + hdim + seqlen)
+        x = [torch.randn((batch, seqlen, heads, hdim), device="cuda", dtype=dtype) for _ in range(n)]
+        for causal in causals:
+            for pss in passes:
+                f = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal) * (1.0 if pss == "fwd" else 2.5)
+                yield hdim, seqlen, causal, pss, 1.0 / math.sqrt(hdim), f, x
+        del x
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------------------
-# The benchmark.
+# Table mode.
 # ---------------------------------------------------------------------------
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", default=os.path.join(REPO, "build", "libflash3.so"), help="flash3 shared library")
-    ap.add_argument("--hdims", default="64,128,256")
-    ap.add_argument("--seqlens", default="512,1k,2k,4k,8k,16k")
-    ap.add_argument("--passes", default="fwd,bwd")
-    ap.add_argument("--causal", default="both", help="on, off or both")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--iters", type=int, default=30, help="timed runs per measurement (fewer for big shapes)")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="time flash3 / cuDNN / FA2 round-robin this many times per row (order rotating) and "
-                         "report the median over rounds. Each timing is still a short burst, which under the "
-                         "power cap favours the kernel that keeps its boost clock longer (docs/performance.md, "
-                         "2026-11-30 fourth session), unless --warmup-ms is given")
-    ap.add_argument("--warmup-ms", type=float, default=0.0,
-                    help="> 0: before each timing, run the contender back to back for this long, so it is timed "
-                         "at the clocks sustained load gets under the power cap (bench/steady.py's method; "
-                         "300 is what the README tables use)")
-    ap.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // seqlen)")
-    ap.add_argument("--hidden", type=int, default=2048, help="hidden size (heads = hidden // hdim)")
-    ap.add_argument("--csv", default=None, help="write every row to this CSV file")
-    ap.add_argument("--plot", default=None, help="bar chart PNG of TFLOP/s per row (needs matplotlib)")
-    ap.add_argument("--quick", action="store_true", help="small subset: hdim 128, seqlens 1k and 8k, 10 iterations")
-    ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    args = ap.parse_args()
-
-    # First thing: a Hopper GPU.
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        print(f"flash3: no Hopper GPU found (torch is not importable: {e})")
-        sys.exit(2)
-    if not torch.cuda.is_available():
-        print("flash3: no Hopper GPU found (torch.cuda.is_available() is False)")
-        sys.exit(2)
-    cap = torch.cuda.get_device_capability()
-    if tuple(cap) != (9, 0):
-        print(f"flash3: no Hopper GPU found (device 0 is {torch.cuda.get_device_name()}, sm_{cap[0]}{cap[1]})")
-        sys.exit(2)
-
-    import torch.nn.functional as F
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:
-        SDPBackend = sdpa_kernel = None
-
-    hdims = parse_list(args.hdims, int)
-    seqlens = parse_list(args.seqlens, parse_len)
-    passes = parse_list(args.passes, lambda x: x.strip().lower())
-    causals = parse_causal(args.causal)
+def run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype):
     iters, warmup = args.iters, args.warmup
     if args.quick:
-        hdims, seqlens, iters, warmup = [128], [1024, 8192], min(iters, 10), min(warmup, 3)
-    for p in passes:
-        if p not in ("fwd", "bwd"):
-            ap.error(f"--passes: unknown pass '{p}' (fwd, bwd)")
-
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    f3_dtype = FLASH3_BF16 if args.dtype == "bf16" else FLASH3_FP16
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
+        args.headline, args.hdims, args.seqlens = False, "128", "1k,8k"
+        iters, warmup = min(iters, 10), min(warmup, 3)
     lib, lib_error = None, ""
     try:
         lib = Flash3Lib(args.lib)
@@ -354,53 +434,37 @@ def main():
         lib_error = "device not supported by flash3"
         lib = None
 
+    fa3 = load_fa3(torch, args.fa3) if args.fa3 else None
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
-          f" | flash3 {lib.version() if lib else '(not loaded)'} | dtype {args.dtype}")
+          f" | flash3 {lib.version() if lib else '(not loaded)'} | dtype {args.dtype}"
+          f"{f' | FA3 {args.fa3}' if fa3 else ''}")
     sys.stdout.flush()
-
-    def sdpa_ctx(backend):
-        if sdpa_kernel is not None:
-            return sdpa_kernel(getattr(SDPBackend, backend))
-        # Old torch: the boolean context manager.
-        flags = dict(enable_flash=backend == "FLASH_ATTENTION", enable_math=backend == "MATH",
-                     enable_mem_efficient=False)
-        if backend == "CUDNN_ATTENTION":
-            raise RuntimeError("this torch has no cuDNN SDPA backend")
-        return torch.backends.cuda.sdp_kernel(**flags)
 
     stream = torch.cuda.current_stream().cuda_stream
     results = []
     any_fail = False
-
-    for hdim in hdims:
-        for seqlen in seqlens:
-            batch = max(1, args.tokens // seqlen)
-            heads = max(1, args.hidden // hdim)
-            torch.manual_seed(1234 + hdim + seqlen)
-            shape = (batch, seqlen, heads, hdim)
-            q = torch.randn(shape, device="cuda", dtype=dtype)
-            k = torch.randn(shape, device="cuda", dtype=dtype)
-            v = torch.randn(shape, device="cuda", dtype=dtype)
-            scale = 1.0 / math.sqrt(hdim)
-            for causal in causals:
-                for pss in passes:
-                    r = RowResult(hdim, seqlen, causal, pss, batch, heads)
-                    f = fwd_flops(batch, heads, seqlen, seqlen, hdim, causal)
-                    r.flops = f if pss == "fwd" else 2.5 * f
-                    try:
-                        run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup,
-                                not args.no_check, args.rounds, args.warmup_ms)
-                    except torch.cuda.OutOfMemoryError as e:  # keep going with the next row
-                        r.check = "OOM"
-                        print(f"  out of memory: {e}")
-                        torch.cuda.empty_cache()
-                    any_fail |= r.check.startswith("FAIL")
-                    results.append(r)
-                    print_row_line(r)
-                    sys.stdout.flush()
-            del q, k, v
+    for hdim, seqlen, causal, pss, scale, flops, (q, k, v) in each_row(torch, args, causals, passes, dtype, 3):
+        r = RowResult(hdim, seqlen, causal, pss, q.shape[0], q.shape[2])
+        r.flops = flops
+        try:
+            run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup,
+                    not args.no_check, args.rounds, args.warmup_ms, fa3)
+        except torch.cuda.OutOfMemoryError as e:  # keep going with the next row
+            r.check = "OOM"
+            print(f"  out of memory: {e}")
             torch.cuda.empty_cache()
+        any_fail |= r.check.startswith("FAIL")
+        results.append(r)
+        print_row_line(r)
+        sys.stdout.flush()
 
+    finish_table(args, results, passes)
+    if lib is None:
+        return 1
+    return 1 if any_fail else 0
+
+
+def finish_table(args, results, passes):
     print()
     print_table(results)
     print_summary(results, passes)
@@ -409,18 +473,28 @@ def main():
         print(f"\nwrote {args.csv}")
     if args.plot:
         plot(args.plot, results)
-    if lib is None:
-        sys.exit(1)
-    sys.exit(1 if any_fail else 0)
+
+
+def load_fa3(torch, path):
+    """The official FlashAttention-3's operators (torch.ops.flash_attn_3) from its built
+    extension (../shared/anchors/build_fa3.sh); timed only, never linked into flash3."""
+    torch.ops.load_library(path)
+    return torch.ops.flash_attn_3
+
+
+def fa3_forward(fa3, q, k, v, scale, causal):
+    """(out, softmax_lse) of FlashAttention-3's forward, as its flash_attn_func calls it."""
+    out, lse, *_ = fa3.fwd(q, k, v, softmax_scale=scale, is_causal=causal, num_splits=1)
+    return out, lse
 
 
 def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, stream, iters, warmup, do_check,
-            rounds=1, warmup_ms=0.0):
+            rounds=1, warmup_ms=0.0, fa3=None):
     causal, pss = r.causal, r.pss
-    # rounds == 1: each contender is timed right after its probe / check (the
-    # method of every run before 2026-11-30's fourth session). rounds > 1: the
-    # contenders that ran are collected (who -> (fn, context factory)) and timed
-    # round-robin at the end (time_rounds), so their buffers stay alive: `keep`.
+    # rounds == 1: each contender is timed right after its probe / check.
+    # rounds > 1: the contenders that ran are collected (who -> (fn, context
+    # factory)) and timed round-robin at the end (time_rounds), so their
+    # buffers stay alive: `keep`.
     timers, keep = {}, []
 
     def measure(who, fn, ctx=None):
@@ -440,9 +514,7 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
         lse = torch.empty((b, h, s), device=q.device, dtype=torch.float32)
         tq, tk, tv = f3_tensor(q, f3_dtype), f3_tensor(k, f3_dtype), f3_tensor(v, f3_dtype)
         to, tl = f3_tensor(out, f3_dtype), f3_tensor(lse, FLASH3_FP32)
-        opts = lib.lib.flash3_default_options()
-        opts.softmax_scale = scale
-        opts.causal = 1 if causal else 0
+        opts = lib.options(scale, causal)
         P = ctypes.byref
         fwd_args = (P(tq), P(tk), P(tv), P(to), P(tl), P(opts), ctypes.c_void_p(stream))
 
@@ -514,6 +586,32 @@ def run_row(torch, F, lib, lib_error, sdpa_ctx, r, q, k, v, scale, f3_dtype, str
             r.note[who] = "n/a"
             msg = str(e).strip().splitlines()
             print(f"  {who} d={d} s={s} causal={causal} {pss}: not available ({msg[0][:160] if msg else type(e).__name__})")
+
+    # ---------------- the official FlashAttention-3 ----------------
+    if fa3 is None:
+        r.note["fa3"] = "-"
+    else:
+        try:
+            with torch.no_grad():
+                out3, lse3 = fa3_forward(fa3, q, k, v, scale, causal)
+                if pss == "fwd":
+                    measure("fa3", lambda: fa3_forward(fa3, q, k, v, scale, causal), lambda: torch.no_grad())
+                else:
+                    do3 = torch.randn_like(out3)
+                    g3 = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+
+                    def fn3(o=out3, lse=lse3, do=do3, g=g3):
+                        return fa3.bwd(do, q, k, v, o, lse, *g, softmax_scale=scale, is_causal=causal)
+                    fn3()
+                    measure("fa3", fn3, lambda: torch.no_grad())
+                    keep += [do3, *g3]
+            keep += [out3, lse3]
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001  (not built for this shape)
+            r.note["fa3"] = "n/a"
+            msg = str(e).strip().splitlines()
+            print(f"  fa3 d={d} s={s} causal={causal} {pss}: not available ({msg[0][:160] if msg else type(e).__name__})")
 
     if timers:
         time_rounds(torch, r, timers, iters, warmup, rounds, warmup_ms)
@@ -659,41 +757,55 @@ def cell_ratio(x):
     return f"{x:.3f}" if x else "-"
 
 
+def has_fa3(results):
+    return any(r.ms["fa3"] or r.note["fa3"] not in ("", "-") for r in results)
+
+
 def print_row_line(r):
+    fa3 = f" | FA3 {cell_tflops(r, 'fa3'):>6}" if has_fa3([r]) else ""
     print(f"hdim {r.hdim:3d} seqlen {fmt_len(r.seqlen):>4} causal {str(r.causal):5} {r.pss}: "
           f"flash3 {cell_tflops(r, 'flash3'):>17} | cuDNN {cell_tflops(r, 'cudnn'):>6} | FA2 {cell_tflops(r, 'fa2'):>6}"
-          f" TFLOP/s | check {r.check}")
+          f"{fa3} TFLOP/s | check {r.check}")
 
 
 def print_table(results):
-    hdr = ["hdim", "seqlen", "causal", "pass", "flash3 TFLOP/s", "cuDNN TFLOP/s", "FA2 TFLOP/s", "flash3/cuDNN",
-           "flash3/FA2", "check"]
+    fa3 = has_fa3(results)
+    hdr = ["hdim", "seqlen", "causal", "pass", "flash3 TFLOP/s", "cuDNN TFLOP/s", "FA2 TFLOP/s"]
+    hdr += ["FA3 TFLOP/s"] if fa3 else []
+    hdr += ["flash3/cuDNN", "flash3/FA2"] + (["flash3/FA3"] if fa3 else []) + ["check"]
     print("| " + " | ".join(hdr) + " |")
-    print("|" + "|".join("---:" if i not in (2, 3, 9) else "---" for i in range(len(hdr))) + "|")
+    print("|" + "|".join("---" if h in ("causal", "pass", "check") else "---:" for h in hdr) + "|")
     for r in results:
         row = [str(r.hdim), fmt_len(r.seqlen), "yes" if r.causal else "no", r.pss, cell_tflops(r, "flash3"),
-               cell_tflops(r, "cudnn"), cell_tflops(r, "fa2"), cell_ratio(r.ratio("flash3", "cudnn")),
-               cell_ratio(r.ratio("flash3", "fa2")), r.check]
-        print("| " + " | ".join(row) + " |")
+               cell_tflops(r, "cudnn"), cell_tflops(r, "fa2")]
+        row += [cell_tflops(r, "fa3")] if fa3 else []
+        row += [cell_ratio(r.ratio("flash3", "cudnn")), cell_ratio(r.ratio("flash3", "fa2"))]
+        row += [cell_ratio(r.ratio("flash3", "fa3"))] if fa3 else []
+        print("| " + " | ".join(row + [r.check]) + " |")
 
 
 def print_summary(results, passes):
     print()
+    baselines = (("cudnn", "cuDNN"), ("fa2", "FA2")) + ((("fa3", "FA3"),) if has_fa3(results) else ())
     for pss in passes:
         rows = [r for r in results if r.pss == pss]
         ran = [r for r in rows if r.ms["flash3"]]
-        vs_cudnn = [r.ratio("flash3", "cudnn") for r in ran if r.ratio("flash3", "cudnn")]
-        vs_fa2 = [r.ratio("flash3", "fa2") for r in ran if r.ratio("flash3", "fa2")]
-        g1, g2 = geomean(vs_cudnn), geomean(vs_fa2)
-        print(f"{pss}: flash3 ran on {len(ran)}/{len(rows)} rows; geomean flash3/cuDNN = "
-              f"{f'{g1:.3f}' if g1 else '-'} over {len(vs_cudnn)} rows; geomean flash3/FA2 = "
-              f"{f'{g2:.3f}' if g2 else '-'} over {len(vs_fa2)} rows")
-        issue = [r for r in rows if (r.hdim, r.seqlen) in ISSUE_ROWS]
-        iv = [r.ratio("flash3", "cudnn") for r in issue if r.ms["flash3"] and r.ratio("flash3", "cudnn")]
-        gi = geomean(iv)
-        print(f"{pss}: issue rows (hdim128 4k/8k/16k, hdim64+256 8k/16k, causal+noncausal: 14): "
-              f"geomean flash3/cuDNN = {f'{gi:.3f}' if gi else '-'} over {len(iv)}/14 rows"
-              f"{'' if len(issue) == 14 else f' ({len(issue)} of them benchmarked)'}")
+        parts = []
+        for who, name in baselines:
+            ratios = [r.ratio("flash3", who) for r in ran if r.ratio("flash3", who)]
+            g = geomean(ratios)
+            low = min(ratios) if ratios else None
+            parts.append(f"geomean flash3/{name} = {f'{g:.3f}' if g else '-'} over {len(ratios)} rows"
+                         f"{f' (lowest {low:.3f})' if low else ''}")
+        print(f"{pss}: flash3 ran on {len(ran)}/{len(rows)} rows; " + "; ".join(parts))
+        headline = [r for r in rows if (r.hdim, r.seqlen) in HEADLINE_ROWS]
+        for who, name in baselines[:1] + baselines[2:]:
+            iv = [r.ratio("flash3", who) for r in headline if r.ms["flash3"] and r.ratio("flash3", who)]
+            gi = geomean(iv)
+            print(f"{pss}: headline rows (hdim128 4k/8k/16k, hdim64+256 8k/16k, causal+noncausal: 14): "
+                  f"geomean flash3/{name} = {f'{gi:.3f}' if gi else '-'} over {len(iv)}/14 rows"
+                  f"{f' (lowest {min(iv):.3f})' if iv else ''}"
+                  f"{'' if len(headline) == 14 else f' ({len(headline)} of them benchmarked)'}")
 
 
 def write_csv(path, results):
@@ -701,22 +813,41 @@ def write_csv(path, results):
     os.makedirs(d, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["hdim", "seqlen", "causal", "pass", "batch", "heads", "flops", "flash3_ms", "cudnn_ms", "fa2_ms",
-                    "flash3_tflops", "cudnn_tflops", "fa2_tflops", "flash3_over_cudnn", "flash3_over_fa2",
-                    "flash3_note", "cudnn_note", "fa2_note", "check", "err", "bound"])
+        w.writerow(["hdim", "seqlen", "causal", "pass", "batch", "heads", "flops"] +
+                   [f"{who}_ms" for who in CONTENDERS] + [f"{who}_tflops" for who in CONTENDERS] +
+                   [f"flash3_over_{who}" for who in CONTENDERS[1:]] + [f"{who}_note" for who in CONTENDERS] +
+                   ["check", "err", "bound"])
 
         def num(x, fmt="{:.6g}"):
             return fmt.format(x) if x is not None else ""
 
         for r in results:
-            w.writerow([r.hdim, r.seqlen, int(r.causal), r.pss, r.batch, r.heads, f"{r.flops:.6g}",
-                        num(r.ms["flash3"]), num(r.ms["cudnn"]), num(r.ms["fa2"]),
-                        num(r.tflops("flash3")), num(r.tflops("cudnn")), num(r.tflops("fa2")),
-                        num(r.ratio("flash3", "cudnn")), num(r.ratio("flash3", "fa2")),
-                        r.note["flash3"], r.note["cudnn"], r.note["fa2"], r.check, num(r.err), num(r.bound)])
+            w.writerow([r.hdim, r.seqlen, int(r.causal), r.pss, r.batch, r.heads, f"{r.flops:.6g}"] +
+                       [num(r.ms[who]) for who in CONTENDERS] + [num(r.tflops(who)) for who in CONTENDERS] +
+                       [num(r.ratio("flash3", who)) for who in CONTENDERS[1:]] + [r.note[who] for who in CONTENDERS] +
+                       [r.check, num(r.err), num(r.bound)])
+
+
+def read_csv(path):
+    """RowResults from a CSV written by write_csv (CSVs without FA3 columns too)."""
+    results = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            r = RowResult(int(row["hdim"]), int(row["seqlen"]), row["causal"] == "1", row["pass"], int(row["batch"]),
+                          int(row["heads"]))
+            r.flops = float(row["flops"])
+            for who in CONTENDERS:
+                r.ms[who] = float(row[f"{who}_ms"]) if row.get(f"{who}_ms") else None
+                r.note[who] = row.get(f"{who}_note") or ""
+            r.check = row["check"]
+            r.err = float(row["err"]) if row["err"] else None
+            r.bound = float(row["bound"]) if row["bound"] else None
+            results.append(r)
+    return results
 
 
 def plot(path, results):
+    """Bar chart PNG of flash3 / cuDNN / FA2 TFLOP/s, one panel per pass."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -724,22 +855,361 @@ def plot(path, results):
     except Exception as e:  # noqa: BLE001
         print(f"--plot: matplotlib is not available ({e}); no plot written")
         return
-    labels = [f"d{r.hdim} {fmt_len(r.seqlen)}{' c' if r.causal else ''} {r.pss}" for r in results]
-    series = [("flash3", "flash3"), ("cudnn", "cuDNN"), ("fa2", "FA2")]
-    width = 0.27
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(results)), 5))
-    for i, (who, name) in enumerate(series):
-        ys = [r.tflops(who) or 0.0 for r in results]
-        ax.bar([x + (i - 1) * width for x in range(len(results))], ys, width, label=name)
-    ax.set_xticks(range(len(results)))
-    ax.set_xticklabels(labels, rotation=70, ha="right", fontsize=7)
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title("attention TFLOP/s (16k tokens, hidden 2048)")
-    ax.legend()
+    passes = [p for p in ("fwd", "bwd") if any(r.pss == p for r in results)]
+    if not passes:
+        print("--plot: no rows; no plot written")
+        return
+    n = max(sum(r.pss == p for r in results) for p in passes)
+    fig, axes = plt.subplots(len(passes), 1, figsize=(max(8, 0.35 * n), 4.2 * len(passes)), squeeze=False)
+    for ax, pss in zip(axes[:, 0], passes):
+        sel = [r for r in results if r.pss == pss]
+        width = 0.27
+        for i, (who, name) in enumerate((("flash3", "flash3"), ("cudnn", "cuDNN"), ("fa2", "FA2"))):
+            ys = [r.tflops(who) or 0.0 for r in sel]
+            ax.bar([x + (i - 1) * width for x in range(len(sel))], ys, width, label=name)
+        ax.set_xticks(range(len(sel)))
+        ax.set_xticklabels([f"d{r.hdim} {fmt_len(r.seqlen)}{' c' if r.causal else ''}" for r in sel], rotation=70,
+                           ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{'forward' if pss == 'fwd' else 'backward'} (16k tokens, hidden 2048; c = causal)")
+        ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 
 
+# ---------------------------------------------------------------------------
+# Interleaved mode (--ab, --steady).
+# ---------------------------------------------------------------------------
+def interleave(torch, fns, rounds, iters, warmup_ms, gap_s):
+    """{name: [ms per round]}: each round times every contender once (after
+    warmup_ms of back-to-back calls when > 0), the first one rotating from
+    round to round; gap_s of idle before each round."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for rnd in range(rounds):
+        if gap_s > 0:
+            torch.cuda.synchronize()
+            time.sleep(gap_s)
+        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+            if warmup_ms > 0:
+                times[n].append(sustained_median(torch, fns[n], warmup_ms, iters))
+            else:
+                times[n].append(time_cuda(torch, fns[n], iters, 10, budget_s=2.0))
+    return times
+
+
+def parse_ab(spec, i):
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep else (f"ab{i}", spec)
+
+
+def run_interleaved(args, torch, F, passes, causals, dtype):
+    builds = [(args.name, args.lib)] + [parse_ab(s, i + 1) for i, s in enumerate(args.ab or [])]
+    libs = []  # (contender name, Flash3Lib, deterministic)
+    for name, path in builds:
+        lib = Flash3Lib(path)
+        libs.append((name, lib, False))
+        if args.deterministic_too:
+            libs.append((name + "-det", lib, True))
+    names = [n for n, _, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
+    if len(names) < 2:
+        print("bench.py: the interleaved mode needs two contenders (--ab, or cuDNN without --no-cudnn)")
+        return 1
+    print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
+          f" | dtype {args.dtype} | rounds {args.rounds} | iters {args.iters} | warmup {args.warmup_ms:g} ms"
+          f" | gap {args.gap_s:g} s")
+    for name, lib, det in libs:
+        if not det:
+            print(f"  {name}: {lib.path} (flash3 {lib.version()})")
+    print("| hdim | seqlen | causal | pass | " + " | ".join(f"{n} TFLOP/s (spread)" for n in names) +
+          " | " + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
+    print("|" + "---:|" * (4 + 2 * len(names) - 1))
+    sys.stdout.flush()
+    stream = torch.cuda.current_stream().cuda_stream
+    ratios = {(pss, n): [] for pss in passes for n in names[1:]}  # (ratio, row label)
+    failed = False
+    for hdim, seqlen, causal, pss, scale, flops, (q, k, v, dout) in each_row(torch, args, causals, passes, dtype):
+        fns, calls = {}, []
+        for name, lib, det in libs:
+            call = Flash3Call(torch, lib, q, k, v, dout, lib.options(scale, causal, det), stream)
+            fn = call.fwd if pss == "fwd" else call.bwd
+            if call.status != FLASH3_OK or fn() != FLASH3_OK:
+                print(f"  {name} d={hdim} s={seqlen} causal={causal} {pss}: {lib.last_error()}")
+                failed = True
+                continue
+            fns[name] = fn
+            calls.append(call)
+        if not args.no_cudnn:
+            try:
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                fns["cuDNN"] = cudnn_sdpa_fn(torch, F, qt, kt, vt, causal, scale, pss)
+                fns["cuDNN"]()
+            except RuntimeError as e:  # cuDNN cannot run this shape
+                fns.pop("cuDNN", None)
+                print(f"  cuDNN d={hdim} s={seqlen} causal={causal} {pss}: {str(e).strip()[:160]}")
+        times = interleave(torch, fns, args.rounds, args.iters, args.warmup_ms, args.gap_s)
+        tf = {n: flops / (statistics.median(times[n]) * 1e-3) / 1e12 for n in times}
+        spread = {n: (max(times[n]) - min(times[n])) / statistics.median(times[n]) for n in times}
+        label = f"d={hdim} {fmt_len(seqlen)}{' causal' if causal else ''}"
+        cells = [f"{tf[n]:.1f} ({100 * spread[n]:.0f}%)" if n in tf else "n/a" for n in names]
+        rcells = []
+        for n in names[1:]:
+            if n in tf and names[0] in tf:
+                ratios[(pss, n)].append((tf[n] / tf[names[0]], label))
+                rcells.append(f"{tf[n] / tf[names[0]]:.3f}")
+            else:
+                rcells.append("-")
+        print(f"| {hdim} | {fmt_len(seqlen)} | {'yes' if causal else 'no'} | {pss} | " + " | ".join(cells) +
+              " | " + " | ".join(rcells) + " |")
+        sys.stdout.flush()
+        del fns, calls
+    print()
+    for (pss, n), rs in ratios.items():
+        if rs:
+            g = geomean([x for x, _ in rs])
+            lo = min(rs)
+            print(f"{pss}: geomean {n}/{names[0]} = {g:.3f} over {len(rs)} rows; lowest {lo[0]:.3f} ({lo[1]})")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------
+# Power mode.
+# ---------------------------------------------------------------------------
+def run_batch(torch, fn, n=4):
+    """n calls, then wait for them; returns n."""
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return n
+
+
+def run_power(args, torch, F, passes, causals, dtype):
+    lib = Flash3Lib(args.lib)
+    stream = torch.cuda.current_stream().cuda_stream
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    t_origin = time.time()
+    segments = []
+    for hdim, seqlen, causal, pss, scale, flops, (q, k, v, dout) in each_row(torch, args, causals, passes, dtype):
+        f3 = Flash3Call(torch, lib, q, k, v, dout, lib.options(scale, causal), stream)
+        f3fn = f3.fwd if pss == "fwd" else f3.bwd
+        if f3.status != FLASH3_OK or f3fn() != FLASH3_OK:
+            smi.terminate()
+            print(f"flash3 d={hdim} s={seqlen} causal={causal} {pss}: {lib.last_error()}")
+            return 1
+        cud = cudnn_sdpa_fn(torch, F, *(t.transpose(1, 2) for t in (q, k, v)), causal, scale, pss)
+        for name, fn in (("flash3", f3fn), ("cuDNN", cud)):
+            fn()  # the first call (plan building) stays outside the segment
+            torch.cuda.synchronize()
+            t0 = time.time()
+            while time.time() - t0 < args.seconds / 2:  # reach the sustained clock
+                run_batch(torch, fn)
+            half = time.time()
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+            calls = run_batch(torch, fn)
+            while time.time() - t0 < args.seconds:
+                calls += run_batch(torch, fn)
+            ev1.record()
+            torch.cuda.synchronize()
+            shape = f"{pss} d={hdim} {fmt_len(seqlen)} {'causal' if causal else 'none'}"
+            segments.append((shape, name, half - t_origin, time.time() - t_origin, ev0.elapsed_time(ev1) / calls,
+                             flops))
+        del f3, f3fn, cud
+    time.sleep(0.2)
+    smi.terminate()
+    samples = [x for x in (parse_smi_line(ln, t_origin) for ln in smi.stdout.read().splitlines()) if x]
+    print("| shape | who | ms / call | TFLOP/s | power W | SM MHz | J / call | TFLOP / J |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for shape, who, a, z, ms, flops in segments:
+        st = segment_stats(samples, a, z, ms)
+        if st is None:
+            print(f"| {shape} | {who} | {ms:.3f} | {flops / ms / 1e9:.0f} | - | - | - | - |")
+            continue
+        pw, mhz, joules = st
+        print(f"| {shape} | {who} | {ms:.3f} | {flops / ms / 1e9:.0f} | {pw:.0f} | {mhz:.0f} | {joules:.3f} | "
+              f"{flops / joules / 1e12:.2f} |")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Fixed-cost mode.
+# ---------------------------------------------------------------------------
+def run_fixed_cost(args, torch, dtype):
+    """The backward runs one CTA per KV block (tile), which visits every query
+    block, so with seqlen_k, batch and heads fixed (a fixed number of tiles and
+    waves) T(sq) = waves * (a * sq + X) + pre/postprocess (also ~linear in sq)."""
+    lib = Flash3Lib(args.lib)
+    d = parse_list(args.hdims, int)[0]
+    h, b = max(1, args.hidden // d), args.batch
+    sk = parse_len(args.seqlen_k)
+    stream = torch.cuda.current_stream().cuda_stream
+    points = []
+    for sq in parse_list(args.seqlens, parse_len):
+        g = torch.Generator(device="cuda").manual_seed(sq)
+        q = torch.randn((b, sq, h, d), device="cuda", dtype=dtype, generator=g)
+        k = torch.randn((b, sk, h, d), device="cuda", dtype=dtype, generator=g)
+        v = torch.randn((b, sk, h, d), device="cuda", dtype=dtype, generator=g)
+        dout = torch.randn_like(q)
+        f3 = Flash3Call(torch, lib, q, k, v, dout, lib.options(d ** -0.5), stream)
+        if f3.status != FLASH3_OK or f3.bwd() != FLASH3_OK:
+            print(f"sq={sq}: flash3 error: {lib.last_error()}")
+            return 1
+        ms = sustained_median(torch, f3.bwd, args.warmup_ms, args.iters)
+        flops = 2.5 * fwd_flops(b, h, sq, sk, d, False)
+        points.append((sq, ms))
+        print(f"d={d} b={b} h={h} sq={sq:6d} sk={sk}: {ms:8.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
+        del f3, q, k, v, dout
+    slope, icept, resid = fit_line(points)
+    x_rows = icept / slope
+    line = f"fit: T = {slope * 1e3:.4f} us/query row * sq + {icept * 1e3:.1f} us (max residual {resid * 1e3:.1f} us)"
+    line += f"; X = {x_rows:.0f} query rows per tile"
+    if args.tile_m:
+        line += f" = {x_rows / args.tile_m:.1f} iterations of {args.tile_m} rows"
+    print(line)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Main.
+# ---------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default=os.path.join(REPO, "build", "libflash3.so"), help="flash3 shared library")
+    ap.add_argument("--fa3", default=None, metavar="SO",
+                    help="table mode: also time the official FlashAttention-3 from its built torch extension "
+                         "(../shared/anchors/build_fa3.sh DIR train prints the path)")
+    ap.add_argument("--hdims", default=None, help="head dims (default 64,128,256; --fixed-cost: its first)")
+    ap.add_argument("--seqlens", default=None,
+                    help="sequence lengths (default 512,1k,2k,4k,8k,16k; --fixed-cost: seqlen_q, default 1k,2k,4k,8k)")
+    ap.add_argument("--headline", action="store_true",
+                    help="the 14 headline rows (hdim 128 at 4k/8k/16k, hdims 64 and 256 at 8k/16k) instead of "
+                         "--hdims x --seqlens")
+    ap.add_argument("--passes", default=None, help="fwd, bwd or fwd,bwd (default fwd,bwd; --power: bwd)")
+    ap.add_argument("--causal", default="both", help="on, off or both")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed runs per measurement (default 30, fewer for big shapes; interleaved 50, --steady "
+                         "100; --fixed-cost 20)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="table: time flash3 / cuDNN / FA2 round-robin this many times per row (order rotating) and "
+                         "report the median over rounds (default 1); interleaved: rounds per row (default 5, "
+                         "--steady 2). A short burst without --warmup-ms favours the kernel that keeps its boost "
+                         "clock longer under the power cap")
+    ap.add_argument("--warmup-ms", type=float, default=None,
+                    help="> 0: before each timing, run the contender back to back for this long, so it is timed at "
+                         "the clocks sustained load gets under the power cap (default 0; --steady and --fixed-cost "
+                         "300; the README tables use 300 with --rounds 2)")
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // seqlen)")
+    ap.add_argument("--hidden", type=int, default=2048, help="hidden size (heads = hidden // hdim)")
+    g = ap.add_argument_group("table mode")
+    g.add_argument("--csv", default=None, help="write every row to this CSV file")
+    g.add_argument("--plot", default=None, help="bar chart PNG of TFLOP/s per row (needs matplotlib)")
+    g.add_argument("--quick", action="store_true", help="small subset: hdim 128, seqlens 1k and 8k, 10 iterations")
+    g.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    g.add_argument("--from-csv", default=None, metavar="CSV", help="no GPU: the table (and --plot) of a --csv file")
+    g = ap.add_argument_group("interleaved mode")
+    g.add_argument("--ab", action="append", metavar="[NAME=]PATH",
+                   help="another flash3 library to time against --lib in the same process (repeatable)")
+    g.add_argument("--name", default="flash3", help="the contender name of --lib (default flash3)")
+    g.add_argument("--steady", action="store_true", help="sustained-load comparison with cuDNN (presets above)")
+    g.add_argument("--no-cudnn", action="store_true", help="leave cuDNN out")
+    g.add_argument("--gap-s", type=float, default=None, help="idle seconds before each round (default 0; --steady 1)")
+    g.add_argument("--deterministic-too", action="store_true",
+                   help="also time every library with opts.deterministic = 1 (contender NAME-det)")
+    g = ap.add_argument_group("power mode")
+    g.add_argument("--power", action="store_true", help="power, clock and energy per call under sustained load")
+    g.add_argument("--seconds", type=float, default=4.0,
+                   help="seconds per contender and row (nvidia-smi averages power over about 1 s: keep >= 4)")
+    g = ap.add_argument_group("fixed-cost mode")
+    g.add_argument("--fixed-cost", action="store_true", help="fit the backward's time against seqlen_q")
+    g.add_argument("--seqlen-k", default="4k")
+    g.add_argument("--batch", type=int, default=4)
+    g.add_argument("--tile-m", type=int, default=0, help="query rows per iteration, to express X in iterations")
+    args = ap.parse_args(argv)
+
+    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv") if getattr(args, m)]
+    if "steady" in modes and "ab" in modes:
+        modes.remove("steady")
+    if len(modes) > 1:
+        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost or --from-csv")
+    args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
+    interleaved = args.mode == "interleaved"
+    if args.steady or (args.power and args.hdims is None and args.seqlens is None):
+        args.headline = args.headline or (args.hdims is None and args.seqlens is None)
+    if args.fixed_cost:
+        args.seqlens = args.seqlens or "1k,2k,4k,8k"
+        args.hdims = args.hdims or "128"
+    args.hdims = args.hdims or "64,128,256"
+    args.seqlens = args.seqlens or "512,1k,2k,4k,8k,16k"
+    args.passes = args.passes or ("bwd" if args.power else "fwd,bwd")
+    default_iters = 100 if args.steady else 50 if interleaved else 20 if args.fixed_cost else 30
+    args.iters = args.iters if args.iters is not None else default_iters
+    args.rounds = args.rounds if args.rounds is not None else (2 if args.steady else 5 if interleaved else 1)
+    args.warmup_ms = args.warmup_ms if args.warmup_ms is not None else (
+        300.0 if args.steady or args.fixed_cost else 0.0)
+    args.gap_s = args.gap_s if args.gap_s is not None else (1.0 if args.steady else 0.0)
+    return ap, args
+
+
+def main(argv=None):
+    ap, args = parse_args(argv)
+    passes = parse_list(args.passes, lambda x: x.strip().lower())
+    for p in passes:
+        if p not in ("fwd", "bwd"):
+            ap.error(f"--passes: unknown pass '{p}' (fwd, bwd)")
+    if args.mode == "from_csv":
+        results = read_csv(args.from_csv)
+        finish_table(argparse.Namespace(csv=None, plot=args.plot), results,
+                     [p for p in ("fwd", "bwd") if any(r.pss == p for r in results)])
+        return 0
+    causals = parse_causal(args.causal)
+
+    # First thing: a Hopper GPU.
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        print(f"flash3: no Hopper GPU found (torch is not importable: {e})")
+        return 2
+    if not torch.cuda.is_available():
+        print("flash3: no Hopper GPU found (torch.cuda.is_available() is False)")
+        return 2
+    cap = torch.cuda.get_device_capability()
+    if tuple(cap) != (9, 0):
+        print(f"flash3: no Hopper GPU found (device 0 is {torch.cuda.get_device_name()}, sm_{cap[0]}{cap[1]})")
+        return 2
+
+    import torch.nn.functional as F
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        SDPBackend = sdpa_kernel = None
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    f3_dtype = FLASH3_BF16 if args.dtype == "bf16" else FLASH3_FP16
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    def sdpa_ctx(backend):
+        if sdpa_kernel is not None:
+            return sdpa_kernel(getattr(SDPBackend, backend))
+        # Old torch: the boolean context manager.
+        flags = dict(enable_flash=backend == "FLASH_ATTENTION", enable_math=backend == "MATH",
+                     enable_mem_efficient=False)
+        if backend == "CUDNN_ATTENTION":
+            raise RuntimeError("this torch has no cuDNN SDPA backend")
+        return torch.backends.cuda.sdp_kernel(**flags)
+
+    if args.mode == "interleaved":
+        return run_interleaved(args, torch, F, passes, causals, dtype)
+    if args.mode == "power":
+        return run_power(args, torch, F, passes, causals, dtype)
+    if args.mode == "fixed_cost":
+        return run_fixed_cost(args, torch, dtype)
+    return run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

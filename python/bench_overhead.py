@@ -53,8 +53,10 @@ class F3Tensor(ctypes.Structure):
 
 
 class F3Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
-                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("deterministic", ctypes.c_int32),
+    """flash3_options of include/flash3/flash3_c.h; filled by flash3_default_options()."""
+    _fields_ = [("struct_size", ctypes.c_uint32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
+                ("deterministic", ctypes.c_int32),
                 ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
                 ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32)]
 

@@ -1,6 +1,7 @@
-# Sourced by the scripts: puts nvcc on PATH when the toolkit is installed but not on PATH.
+# Sourced by the scripts: puts nvcc on PATH when the toolkit is installed but not on PATH
+# (NVIDIA's installers leave PATH alone): /usr/local/cuda, else the newest /usr/local/cuda-X.Y.
 if ! command -v nvcc >/dev/null 2>&1; then
-  for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin /usr/local/cuda-12/bin; do
+  for d in /usr/local/cuda/bin $(ls -d /usr/local/cuda-*/bin 2>/dev/null | sort -rV); do
     if [ -x "$d/nvcc" ]; then export PATH="$d:$PATH"; break; fi
   done
 fi

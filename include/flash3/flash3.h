@@ -3,13 +3,18 @@
 // Tensors are described by non-owning views (pointer, dtype, shape, strides in
 // elements). Attention tensors use the FlashAttention layout
 // (batch, seqlen, heads, head_dim): any batch/seqlen/head strides, unit stride in
-// head_dim. softmax_lse is (batch, heads, seqlen_q) fp32.
+// head_dim. softmax_lse is (batch, heads, seqlen_q) fp32. Element offsets are
+// 64-bit: a tensor may hold more than 2^31 elements (each dimension, and
+// seqlen_q + seqlen_k, stays below 2^31). The stride of a dimension of size 1
+// is never used and may be anything.
 //
 // Every entry point validates all arguments before launching anything and
 // reports problems through Status (never an exception, never a launch).
+// Outputs must not overlap the inputs, each other or themselves.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -58,22 +63,31 @@ struct Status {
   static Status Cuda(std::string m) { return {StatusCode::kCudaError, std::move(m)}; }
 };
 
-// Options shared by forward and backward.
+// Options shared by forward and backward. The mask rules are FlashAttention-3's:
+//   * query i sees key j iff  j >= i + sk - sq - window_left   (when window_left >= 0)
+//                        and  j <= i + sk - sq + window_right  (when window_right >= 0),
+//     i.e. masks are aligned bottom-right when seqlen_q (sq) != seqlen_k (sk);
+//   * a negative window side is unbounded;
+//   * window_left >= sk - 1 and window_right >= sq - 1 cut nothing and are
+//     treated as unbounded (so any int is a valid window, INT_MAX included);
+//   * causal sets window_right = 0 whatever value it had; window_left is kept,
+//     so causal with a finite window_left is local (sliding-window) attention;
+//   * window (-1, 0) without causal is the causal mask.
 struct AttentionOptions {
-  // <= 0 or NaN means 1/sqrt(head_dim).
-  float softmax_scale = 0.f;
-  // Causal mask aligned bottom-right when seqlen_q != seqlen_k (query i sees keys
-  // j <= i + seqlen_k - seqlen_q), as FlashAttention does.
+  // NaN (the default) means 1/sqrt(head_dim). Any finite value >= 0 is used as
+  // given (0 too). Negative values are rejected: the online softmax tracks each
+  // row's maximum of the unscaled scores, which is the minimum of the scaled
+  // ones when the scale is negative.
+  float softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  // Causal mask, aligned bottom-right (query i sees keys j <= i + sk - sq).
   bool causal = false;
-  // Sliding window, bottom-right aligned: query i sees keys in
-  // [i + sk - sq - window_left, i + sk - sq + window_right]; -1 means unbounded.
-  // causal == (window_left=-1, window_right=0).
+  // Sliding window (see above); -1 (any negative value) means unbounded.
   int window_left = -1;
   int window_right = -1;
   // tanh soft-capping of scores: s -> softcap * tanh(s / softcap); 0 disables.
   float softcap = 0.f;
   // Backward: bitwise reproducible dQ / dK / dV. Cost on an H200 (bf16, sustained):
-  // 1-9% unmasked, 6-15% causal at 4k-16k, d = 64 / 128 (docs/performance.md).
+  // 1-12% unmasked, 5-12% causal at 4k-16k, d = 64 / 128 (docs/performance.md).
   bool deterministic = false;
   // Optional variable-length batches: int32 device arrays of batch+1 prefix sums.
   // When set, q/k/v are (total_tokens, heads, head_dim) and batch = len(cu_seqlens)-1.
@@ -88,7 +102,8 @@ struct ForwardArgs {
   TensorView k;     // (b, sk, hkv, d)
   TensorView v;     // (b, sk, hkv, dv)
   TensorView out;   // (b, sq, hq, dv), written
-  TensorView lse;   // (b, hq, sq) fp32, written; optional (data == nullptr -> not stored)
+  TensorView lse;   // (b, hq, sq) fp32, written; optional: a default TensorView{} (no data,
+                    // ndim 0) means not stored; a view with a shape but no data is an error
   AttentionOptions opts;
 };
 
@@ -96,7 +111,7 @@ struct BackwardArgs {
   TensorView q, k, v, out;  // as in forward
   TensorView dout;          // (b, sq, hq, dv)
   TensorView lse;           // (b, hq, sq) fp32 from the forward
-  TensorView dlse;          // optional (b, hq, sq) fp32 gradient of lse
+  TensorView dlse;          // optional (b, hq, sq) fp32 gradient of lse (TensorView{}: none)
   TensorView dq, dk, dv;    // written, same shapes/dtypes as q, k, v
   AttentionOptions opts;
   // Scratch memory; query its size with backward_workspace_size() on the
@@ -113,6 +128,12 @@ struct BackwardArgs {
 Status validate_forward(const ForwardArgs& args);
 Status validate_backward(const BackwardArgs& args);
 
+// The kernels run on `stream`, which must belong to the current device (the
+// device of the tensors). A CUDA error left pending by earlier work of the
+// caller is not reported as this call's failure, and not cleared either, with
+// one exception: the first launch of each kernel on a device raises its shared
+// memory limit with cudaFuncSetAttribute, which resets the runtime's pending
+// error. Batches larger than the grid allows run as several launches.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 Status backward(const BackwardArgs& args, cudaStream_t stream);
 size_t backward_workspace_size(const BackwardArgs& args);

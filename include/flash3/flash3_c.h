@@ -29,11 +29,16 @@ typedef struct {
   int64_t stride[4]; /* in elements */
 } flash3_tensor;
 
+/* Options. Initialise with flash3_default_options(), then set fields: it sets
+ * struct_size, which lets later versions add fields at the end without
+ * breaking callers built against this header (a struct_size of 0, e.g. from
+ * memset, is rejected). Mask rules as in flash3.h (FlashAttention-3's). */
 typedef struct {
-  float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
-  int32_t causal;
-  int32_t window_left;  /* -1: unbounded */
-  int32_t window_right; /* -1: unbounded */
+  uint32_t struct_size; /* sizeof(flash3_options), set by flash3_default_options() */
+  float softmax_scale;  /* NaN: 1/sqrt(head_dim); otherwise used as given (finite, >= 0) */
+  int32_t causal;       /* forces window_right = 0 */
+  int32_t window_left;  /* < 0: unbounded */
+  int32_t window_right; /* < 0: unbounded */
   float softcap;        /* 0: off */
   int32_t deterministic;
   const int32_t* cu_seqlens_q; /* NULL: fixed length */
@@ -42,10 +47,11 @@ typedef struct {
   int32_t max_seqlen_k;
 } flash3_options;
 
-/* Defaults: scale from head_dim, no mask, no softcap. */
+/* Defaults: struct_size set, scale from head_dim (NaN), no mask, no softcap. */
 flash3_options flash3_default_options(void);
 
-/* lse may be NULL (not stored). stream is a cudaStream_t (NULL: legacy default). */
+/* lse may be NULL (not stored). opts may be NULL (defaults). stream is a
+ * cudaStream_t of the current device (NULL: legacy default stream). */
 flash3_status flash3_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                              const flash3_tensor* out, const flash3_tensor* lse,
                              const flash3_options* opts, void* stream);

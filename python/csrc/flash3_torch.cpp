@@ -20,6 +20,16 @@
 // The fake (meta) implementations used by torch.compile live in Python
 // (flash3/flash_attn_interface.py, torch.library.register_fake).
 //
+// Scale and mask arguments follow FlashAttention-3 (the full rules: include/flash3/flash3.h):
+//   softmax_scale  None: 1/sqrt(head_dim); a number: used as given, 0 included; negative, inf
+//                  or NaN: ValueError (a negative scale would make the row maximum that the
+//                  online softmax tracks on the unscaled scores the minimum of the scaled ones).
+//   window_left / window_right  int64 here (Python ints); any negative value means unbounded
+//                  and becomes -1, values above INT32_MAX become INT32_MAX (>= any seqlen, so
+//                  still unbounded) before reaching the int fields of flash3::AttentionOptions.
+//                  No window is an error: causal=True with any right side is causal (the
+//                  library sets right = 0), causal with a finite left side is local attention.
+//
 // The C++ library itself (libflash3.so) knows nothing about torch; this file is the only
 // place the two meet.
 #include <torch/extension.h>
@@ -30,6 +40,9 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -46,7 +59,11 @@ inline std::string msg_part(const char* s) { return s; }
 inline std::string msg_part(const std::string& s) { return s; }
 template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
 inline std::string msg_part(T v) { return std::to_string(v); }
-inline std::string msg_part(double v) { return std::to_string(v); }
+inline std::string msg_part(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);  // std::to_string would print 1e-7 as 0.000000
+  return buf;
+}
 inline std::string msg_part(c10::IntArrayRef v) {
   std::string m = "[";
   for (size_t i = 0; i < v.size(); ++i) m += (i ? ", " : "") + std::to_string(v[i]);
@@ -187,11 +204,27 @@ void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_head_dim(q, v);
 }
 
-void check_window(bool causal, int64_t window_left, int64_t window_right) {
-  if (!(window_left >= -1)) value_error("flash3: window_size[0] (left) is ", window_left, "; expected >= -1 (-1 means unbounded)");
-  if (!(window_right >= -1)) value_error("flash3: window_size[1] (right) is ", window_right, "; expected >= -1 (-1 means unbounded)");
-  if (!(!(causal && window_right > 0))) value_error("flash3: window_size[1] (right) is ", window_right, " with causal=True; expected 0 or -1 (causal implies window_size[1] == 0)");
-  if (!(window_left <= INT32_MAX && window_right <= INT32_MAX)) value_error("flash3: window_size (", window_left, ", ", window_right, ") is out of the int32 range");
+// The float that reaches flash3::AttentionOptions must be finite and >= 0; the library
+// checks that too, but only once out / lse / dq / ... are allocated and dout possibly copied,
+// and its message names the C++ field. The fake implementations make the same check.
+void check_softmax_scale(std::optional<double> softmax_scale) {
+  if (!softmax_scale.has_value()) return;
+  // From 2^128 - 2^103 on, a double rounds to float infinity (and converting it is undefined).
+  constexpr double kFloat32Overflow = 0x1.ffffffp127;
+  const double s = *softmax_scale;
+  const bool fits = std::fabs(s) < kFloat32Overflow;  // false for NaN and inf too
+  if (!(fits && static_cast<float>(s) >= 0.f))
+    value_error("flash3: softmax_scale is ", s, "; expected None (1/sqrt(head_dim)) or a finite number >= 0 "
+                "(as float32): the online softmax tracks the row maximum of the unscaled scores, which a "
+                "negative scale would turn into the row minimum");
+}
+
+// A Python int window side as the int of flash3::AttentionOptions: negative -> -1
+// (unbounded); above INT32_MAX -> INT32_MAX, which the library treats as unbounded as well
+// (any side >= seqlen - 1 cuts nothing).
+int window_side(int64_t w) {
+  if (w < 0) return -1;
+  return w > INT32_MAX ? INT32_MAX : static_cast<int>(w);
 }
 
 // A Status that is not ok becomes the matching Python exception.
@@ -224,11 +257,11 @@ flash3::TensorView view(const Tensor& t) {
 
 flash3::AttentionOptions make_opts(std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                    int64_t window_right, double softcap, bool deterministic) {
-  flash3::AttentionOptions o;
-  o.softmax_scale = softmax_scale.has_value() ? static_cast<float>(*softmax_scale) : 0.f;
+  flash3::AttentionOptions o;  // softmax_scale stays NaN (1/sqrt(head_dim)) for None
+  if (softmax_scale.has_value()) o.softmax_scale = static_cast<float>(*softmax_scale);
   o.causal = causal;
-  o.window_left = static_cast<int>(window_left);
-  o.window_right = static_cast<int>(window_right);
+  o.window_left = window_side(window_left);
+  o.window_right = window_side(window_right);
   o.softcap = static_cast<float>(softcap);
   o.deterministic = deterministic;
   return o;
@@ -260,7 +293,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                     int64_t window_right, double softcap, bool deterministic) {
   check_forward_inputs(q, k, v);
-  check_window(causal, window_left, window_right);
+  check_softmax_scale(softmax_scale);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
   Tensor out = at::empty({b, sq, hq, dv}, q.options());
@@ -284,7 +317,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor&
                                             std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                             int64_t window_right, double softcap, bool deterministic) {
   check_forward_inputs(q, k, v);
-  check_window(causal, window_left, window_right);
+  check_softmax_scale(softmax_scale);
   check_cuda(dout_in, "dout");
   check_cuda(out, "out");
   check_cuda(lse, "softmax_lse");

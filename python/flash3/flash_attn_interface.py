@@ -16,6 +16,8 @@ Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd
 this module adds their fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
 them without graph breaks, and the Python entry points.
 """
+import math
+import struct
 from typing import Optional, Tuple, Union
 
 import torch
@@ -26,6 +28,8 @@ __all__ = ["flash_attn_func", "forward_is_built", "backward_is_built", "device_i
 
 _fwd = torch.ops.flash3.fwd.default
 _bwd = torch.ops.flash3.bwd.default
+
+_INT32_MAX = 2 ** 31 - 1
 
 _FWD_LAYOUTS = {
     "q": "(batch, seqlen_q, num_heads_q, head_dim)",
@@ -114,14 +118,19 @@ def _check_forward_inputs(q, k, v):
                          f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
 
 
-def _check_window(causal, window_left, window_right):
-    if window_left < -1:
-        raise ValueError(f"flash3: window_size[0] (left) is {window_left}; expected >= -1 (-1 means unbounded)")
-    if window_right < -1:
-        raise ValueError(f"flash3: window_size[1] (right) is {window_right}; expected >= -1 (-1 means unbounded)")
-    if causal and window_right > 0:
-        raise ValueError(f"flash3: window_size[1] (right) is {window_right} with causal=True; expected 0 or -1 "
-                         "(causal implies window_size[1] == 0)")
+def _check_softmax_scale(softmax_scale):
+    """The binding's check: the float32 value of the scale must be finite and >= 0."""
+    if softmax_scale is None:
+        return
+    s = float(softmax_scale)
+    try:
+        f = struct.unpack("f", struct.pack("f", s))[0]  # the binding's static_cast<float>
+    except OverflowError:  # a finite double beyond the float32 range
+        f = math.inf
+    if not (f >= 0.0 and math.isfinite(f)):
+        raise ValueError(f"flash3: softmax_scale is {s:.9g}; expected None (1/sqrt(head_dim)) or a finite number "
+                         ">= 0 (as float32): the online softmax tracks the row maximum of the unscaled scores, "
+                         "which a negative scale would turn into the row minimum")
 
 
 # ---------------------------------------------------------------------------
@@ -131,7 +140,7 @@ def _check_window(causal, window_left, window_right):
 def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
               deterministic=False):
     _check_forward_inputs(q, k, v)
-    _check_window(causal, window_left, window_right)
+    _check_softmax_scale(softmax_scale)
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
     out = q.new_empty((b, sq, hq, dv))
@@ -143,7 +152,7 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
 def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, causal=False, window_left=-1,
               window_right=-1, softcap=0.0, deterministic=False):
     _check_forward_inputs(q, k, v)
-    _check_window(causal, window_left, window_right)
+    _check_softmax_scale(softmax_scale)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -182,14 +191,25 @@ def flash_attn_func(
             h // (num_heads_q // num_heads_kv)). (head_dim, head_dim_v) must be one this build has
             kernels for: (64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128) by default
             (see flash3.forward_is_built).
-        softmax_scale: scaling of q @ k^T before the softmax; None means 1 / sqrt(head_dim).
+        softmax_scale: scaling of q @ k^T before the softmax. None means 1 / sqrt(head_dim); a
+            number is used exactly as given, 0 included (every visible key then gets the same
+            weight). Negative, infinite or NaN values (after rounding to float32) raise ValueError:
+            the online softmax tracks the row maximum of the unscaled scores, which a negative
+            scale would turn into the row minimum.
         causal: causal mask, aligned to the bottom-right corner when seqlen_q != seqlen_k
-            (query i attends to keys j <= i + seqlen_k - seqlen_q).
+            (query i attends to keys j <= i + seqlen_k - seqlen_q); the same mask as
+            window_size=(-1, 0) without causal.
         qv, q_descale, k_descale, v_descale: FlashAttention-3 arguments flash3 does not implement
             yet; they must be None (NotImplementedError otherwise).
-        window_size: (left, right) sliding window; query i attends to keys in
-            [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]; -1 means unbounded.
-            With causal=True, right must be 0 or -1.
+        window_size: (left, right) sliding window, FlashAttention-3's rules. Query i attends to
+            key j iff
+                j >= i + seqlen_k - seqlen_q - left   (when left >= 0) and
+                j <= i + seqlen_k - seqlen_q + right  (when right >= 0).
+            Any negative side is unbounded. Any Python int is accepted: a side that can cut
+            nothing (left >= seqlen_k - 1, right >= seqlen_q - 1, e.g. 2**31 - 1 or 2**40) is
+            unbounded. With causal=True the right side is 0 whatever value is given and the left
+            side is kept: causal with a finite left side is local (sliding-window causal)
+            attention. A query that sees no key gives out = 0 and softmax_lse = -inf.
         attention_chunk: must be 0 (not implemented).
         softcap: tanh soft-capping of the scores (s -> softcap * tanh(s / softcap)); 0 disables.
             Not implemented yet by the kernels: a value > 0 raises NotImplementedError.
@@ -208,7 +228,7 @@ def flash_attn_func(
 
     Raises (before anything is launched):
         ValueError: a CPU tensor, mismatched devices or shapes, a last dimension that is not
-            contiguous, an unsupported head dim, a bad window.
+            contiguous, an unsupported head dim, a negative / infinite / NaN softmax_scale.
         TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ.
         NotImplementedError: a feature flash3 does not have yet (softcap, qv, FP8 descales,
             attention_chunk; a non-Hopper GPU).
@@ -220,6 +240,12 @@ def flash_attn_func(
     if attention_chunk != 0:
         raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
     window_left, window_right = window_size
+    # Into the operator's int64 range (Python ints are unbounded); the binding maps the values to
+    # the library's int32 window the same way (negative -> -1, above INT32_MAX -> INT32_MAX).
+    if not -1 <= window_left <= _INT32_MAX:
+        window_left = -1 if window_left < 0 else _INT32_MAX
+    if not -1 <= window_right <= _INT32_MAX:
+        window_right = -1 if window_right < 0 else _INT32_MAX
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if return_attn_probs or return_lse:
         return out, lse

@@ -1,9 +1,13 @@
 """Reference attention for the flash3 tests (torch only; no flash3 import here).
 
-Layout (batch, seqlen, heads, head_dim) as flash_attn_func. Masks as flash3 / FlashAttention:
+Layout (batch, seqlen, heads, head_dim) as flash_attn_func. Masks as flash3 / FlashAttention-3:
 bottom-right aligned, query i sees keys j with
-    i + sk - sq - window_left <= j <= i + sk - sq + window_right   (-1: unbounded; causal: right = 0).
-Rows that see no key give out = 0 and lse = -inf.
+    i + sk - sq - window_left <= j <= i + sk - sq + window_right
+where a negative side is unbounded and causal sets window_right = 0. The visibility is evaluated
+per element in int64 from the window values as given (no clamping, no "window >= seqlen"
+shortcut): a window of 2**31 - 1 or 2**40 is unbounded here because it cuts nothing.
+Rows that see no key give out = 0 and lse = -inf. softmax_scale None means 1/sqrt(head_dim);
+any number is used as given (0 included).
 """
 import math
 
@@ -94,6 +98,39 @@ def max_err(a, b):
     if not bool(fa.any()):
         return 0.0
     return (a[fa] - b[fa]).abs().max().item()
+
+
+def lse_lowp(q, k, causal=False, window=(-1, -1), softmax_scale=None):
+    """softmax_lse of a plain low-precision implementation, the baseline of the C++ GPU tests
+    (tests/gpu/gpu_reference.cu, Mode::kLowPrecision): S = Q K^T accumulated in fp32, times the
+    scale, rounded once to q's dtype, masked; logsumexp in fp32."""
+    dtype = q.dtype
+    k, _ = _expand_kv(q, k, k)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    mask = allowed_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    s = s.to(dtype).float().masked_fill(~mask, float("-inf"))
+    return torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
+
+
+def check_close(ours, ref, lowp, eps):
+    """The C++ tests' tolerance rule (flash3::ref::check_close, src/reference/reference.cpp):
+    max|ours - ref| <= 2 * max|lowp - ref| + eps, and no NaN in ours. Where ref is inf (or NaN)
+    an entry's error is 0 when it equals ref and inf otherwise; a NaN baseline entry is ignored.
+    Returns (ok, err, base_err, bound, nan_count)."""
+    y, x, lw = ours.double(), ref.double(), lowp.double()
+    zero, inf = torch.zeros_like(x), torch.full_like(x, float("inf"))
+    x_finite = torch.isfinite(x)
+    e = torch.where(x_finite, (y - x).abs(), torch.where(y == x, zero, inf))
+    y_nan = torch.isnan(y)
+    e = torch.where(y_nan, zero, e)
+    eb = torch.where(x_finite, (lw - x).abs(), torch.where(lw == x, zero, inf))
+    eb = torch.where(torch.isnan(lw), zero, eb)
+    err = e.max().item() if e.numel() else 0.0
+    base_err = eb.max().item() if eb.numel() else 0.0
+    nan_count = int(y_nan.sum().item())
+    bound = 2.0 * base_err + eps
+    return nan_count == 0 and err <= bound, err, base_err, bound, nan_count
 
 
 def rounding_atol(ref, dtype):

@@ -56,9 +56,12 @@ CASES = {
     "hdim_80": (lambda: list(good(d=80)), {}, ValueError, ["head_dim", "80"]),
     "hdim_512": (lambda: list(good(d=512)), {}, ValueError, ["head_dim", "512"]),
     "hdim_pair_unsupported": (lambda: list(good(d=128, dv=64)), {}, ValueError, ["head_dim_v", "64"]),
-    "causal_with_right_window": (lambda: list(good()), {"causal": True, "window_size": (8, 8)}, ValueError,
-                                 ["window_size[1]", "causal"]),
-    "window_below_minus_one": (lambda: list(good()), {"window_size": (-2, 0)}, ValueError, ["window_size[0]"]),
+    # No window is an error (FlashAttention-3's rules): see test_flash_attn.py's mask tests.
+    "softmax_scale_negative": (lambda: list(good()), {"softmax_scale": -0.5}, ValueError, ["softmax_scale", "-0.5"]),
+    "softmax_scale_negative_tiny": (lambda: list(good()), {"softmax_scale": -1e-30}, ValueError, ["softmax_scale"]),
+    "softmax_scale_nan": (lambda: list(good()), {"softmax_scale": float("nan")}, ValueError, ["softmax_scale"]),
+    "softmax_scale_inf": (lambda: list(good()), {"softmax_scale": float("inf")}, ValueError, ["softmax_scale"]),
+    "softmax_scale_float32_overflow": (lambda: list(good()), {"softmax_scale": 1e39}, ValueError, ["softmax_scale"]),
     "softcap_not_implemented": (lambda: list(good()), {"softcap": 30.0}, NotImplementedError, ["softcap"]),
     "qv_not_implemented": (lambda: list(good()), lambda: {"qv": torch.zeros(1, device=DEV)}, NotImplementedError, ["qv"]),
     "descale_not_implemented": (lambda: list(good()), lambda: {"q_descale": torch.ones(1, device=DEV)}, NotImplementedError,
@@ -80,7 +83,8 @@ def test_bad_argument_raises(case):
         assert w in msg, f"message lacks {w!r}: {msg}"
 
 
-@pytest.mark.parametrize("case", ["fp32", "hdim_80", "gqa_not_divisible", "q_head_dim_not_contiguous"])
+@pytest.mark.parametrize("case", ["fp32", "hdim_80", "gqa_not_divisible", "q_head_dim_not_contiguous",
+                                  "softmax_scale_negative"])
 def test_bad_argument_raises_same_type_under_compile(case):
     """Traced (fake) calls fail like eager ones (torch.compile wraps the error; its cause is ours)."""
     make, kwargs, exc, words = CASES[case]
@@ -109,6 +113,24 @@ def test_no_kernel_launched_on_error():
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         with pytest.raises(ValueError):
             flash_attn_func(*args)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not kernels, f"kernels launched by an invalid call: {kernels}"
+
+
+@pytest.mark.parametrize("scale", [-1.0, float("nan")], ids=["negative", "nan"])
+def test_backward_op_rejects_bad_scale_before_any_work(scale):
+    """torch.ops.flash3.bwd with a bad softmax_scale raises ValueError before it copies the
+    expanded dout or launches anything."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = good()
+    out, lse = torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, 0.0, False)
+    dout = torch.ones(1, device=DEV, dtype=BF16).expand_as(out)  # strides 0: would need a copy
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with pytest.raises(ValueError, match="softmax_scale"):
+            torch.ops.flash3.bwd(dout, q, k, v, out, lse, None, scale, False, -1, -1, 0.0, False)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not kernels, f"kernels launched by an invalid call: {kernels}"

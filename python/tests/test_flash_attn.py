@@ -1,11 +1,20 @@
 """flash3.flash_attn_func vs torch: forward (out, lse) and gradients (dq, dk, dv, through lse too).
 
-Tolerance (FlashAttention's rule): err(flash3 vs fp32 reference) <= 2 * err(plain PyTorch in
-the same low precision vs fp32 reference) + atol, atol the dtype's rounding error at the
-reference's magnitude. The fp32 reference is torch SDPA, math backend, on fp32 upcasts.
+Tolerance of out and the gradients (FlashAttention's rule): err(flash3 vs fp32 reference) <=
+2 * err(plain PyTorch in the same low precision vs fp32 reference) + atol, atol the dtype's
+rounding error at the reference's magnitude. The fp32 reference is torch SDPA, math backend, on
+fp32 upcasts, or the explicit math of ref.attention_ref.
+Tolerance of softmax_lse: the C++ GPU tests' rule (ref.check_close), err <= 2 * err(plain
+low-precision lse, ref.lse_lowp) + 1e-5, no NaN, -inf exactly where the reference has it.
+
+Mask and scale cases follow FlashAttention-3's rules (window sides drawn uniformly in
+[0, seqlen_k) as in FlashAttention's own tests, windows beyond the sequence and beyond int32,
+causal with a window, softmax_scale None / 0 / other numbers).
 
 Gradient tests skip (with the reason) while this build has no backward kernel for the case.
 """
+import random
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,9 +23,11 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_func  # noqa: E402
-from ref import attention_ref, max_err, rounding_atol, sdpa_ref  # noqa: E402
+from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, sdpa_ref  # noqa: E402
 
 DEVICE = "cuda"
+EPS_LSE = 1e-5  # kEpsLse of tests/gpu/test_fwd_gpu.cpp
+INT32_MAX = 2 ** 31 - 1
 
 HDIMS = [(64, 64), (128, 128), (256, 256), (192, 128)]
 SEQLENS = [(128, 128), (1000, 1000), (113, 1023), (1023, 113)]
@@ -49,6 +60,47 @@ def _assert_close_fa(name, ours, ref, base, dtype, rtol=2.0):
         f"{name}: max|flash3 - ref| = {e_ours:.3e} > {rtol} * max|torch {dtype} - ref| ({e_base:.3e}) + {atol:.1e}")
 
 
+def _assert_lse_close(lse, q, k, v, causal=False, window=(-1, -1), softmax_scale=None, what=""):
+    """The C++ rule: max|lse - ref| <= 2 * max|lse_lowp - ref| + EPS_LSE, no NaN."""
+    q, k, v = q.detach(), k.detach(), v.detach()
+    _, lse_ref = attention_ref(q, k, v, causal, window, softmax_scale, upcast=True)
+    lse_low = lse_lowp(q, k, causal, window, softmax_scale)
+    ok, err, base, bound, nans = check_close(lse, lse_ref, lse_low, EPS_LSE)
+    assert ok, (f"lse{what}: max|flash3 - ref| = {err:.3e} > 2 * max|lowp - ref| ({base:.3e}) + {EPS_LSE:.0e} "
+                f"= {bound:.3e}; NaN entries: {nans}")
+
+
+def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, what=""):
+    """flash3 vs ref.attention_ref (explicit fp32 math, int64 mask): out and lse, then dq, dk, dv
+    of a loss using both out and lse. q, k, v require grad."""
+    dtype = q.dtype
+    sq, hq, dv = q.shape[1], q.shape[2], v.shape[3]
+    g = torch.Generator(device=DEVICE).manual_seed(q.shape[1] * 7 + k.shape[1])
+    g_out = torch.randn(q.shape[0], sq, hq, dv, device=DEVICE, generator=g)
+    g_lse = torch.randn(q.shape[0], hq, sq, device=DEVICE, generator=g)
+
+    def run(fn):
+        for t in (q, k, v):
+            t.grad = None
+        out, lse = fn()
+        if not backward:
+            return out.detach(), lse.detach(), None
+        # -inf lse entries (rows that see no key) carry no gradient
+        loss = (out.float() * g_out).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * g_lse).sum()
+        loss.backward()
+        return out.detach(), lse.detach(), tuple(t.grad.clone() for t in (q, k, v))
+
+    out, lse, grads = run(lambda: flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                                  window_size=window, return_lse=True))
+    out_r, _, grads_r = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=True))
+    out_b, _, grads_b = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=False))
+    _assert_close_fa(f"out{what}", out, out_r, out_b, dtype)
+    _assert_lse_close(lse, q, k, v, causal, window, softmax_scale, what)
+    if backward:
+        for name, o, r, b in zip(("dq", "dk", "dv"), grads, grads_r, grads_b):
+            _assert_close_fa(f"{name}{what}", o, r, b, dtype)
+
+
 # ---------------------------------------------------------------------------
 # Forward.
 # ---------------------------------------------------------------------------
@@ -69,11 +121,9 @@ def test_forward(dtype, hdim, seqlens, mask, heads):
     assert lse.shape == (2, hq, sq) and lse.dtype == torch.float32
     out_ref = sdpa_ref(q, k, v, causal, window)
     out_base, _ = attention_ref(q, k, v, causal, window, upcast=False)
-    _, lse_ref = attention_ref(q, k, v, causal, window, upcast=True)
     _assert_close_fa("out", out, out_ref, out_base, dtype)
     # lse: natural log, (b, hq, sq); -inf exactly where a row sees no key.
-    e_lse = max_err(lse, lse_ref)
-    assert e_lse <= 1e-3 * max(1.0, lse_ref[torch.isfinite(lse_ref)].abs().max().item()), f"lse err {e_lse:.3e}"
+    _assert_lse_close(lse, q, k, v, causal, window)
 
 
 def test_return_conventions():
@@ -91,14 +141,45 @@ def test_return_conventions():
     assert torch.equal(o_pos, o_kw)
 
 
-@pytest.mark.parametrize("scale", [None, 0.05, 1.0])
-def test_softmax_scale(scale):
+SCALES = [None, 0.0, 0.05, 0.3, 1.0]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("scale", SCALES, ids=[f"scale{x}" for x in SCALES])
+def test_softmax_scale(scale, causal):
+    """None means 1/sqrt(head_dim); a number is used as given, 0 included (uniform weights)."""
     _skip_unless_built(torch.bfloat16, 64, 64)
-    q, k, v = _inputs(2, 200, 300, 4, 4, 64, 64, torch.bfloat16)
-    out = flash_attn_func(q, k, v, softmax_scale=scale)
-    ref = sdpa_ref(q, k, v, softmax_scale=scale)
-    base, _ = attention_ref(q, k, v, softmax_scale=scale, upcast=False)
-    _assert_close_fa("out", out, ref, base, torch.bfloat16)
+    q, k, v = _inputs(2, 200, 300, 4, 4, 64, 64, torch.bfloat16, requires_grad=True)
+    _check_fwd_bwd(q, k, v, causal, (-1, -1), scale, backward=False)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("scale", SCALES, ids=[f"scale{x}" for x in SCALES])
+def test_softmax_scale_backward(scale, causal):
+    """The backward uses the forward's scale: None and 0.0 stay distinct through autograd."""
+    _skip_unless_built(torch.bfloat16, 64, 64, backward=True)
+    q, k, v = _inputs(2, 200, 300, 4, 2, 64, 64, torch.bfloat16, requires_grad=True, seed=5)
+    _check_fwd_bwd(q, k, v, causal, (-1, -1), scale)
+
+
+def test_softmax_scale_zero_is_uniform_attention():
+    """softmax_scale=0: out is the mean of v over the visible keys, lse = log(count), dq = dk = 0."""
+    _skip_unless_built(torch.bfloat16, 128, 128, backward=True)
+    sq, sk = 300, 200
+    q, k, v = _inputs(1, sq, sk, 2, 2, 128, 128, torch.bfloat16, requires_grad=True, seed=11)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=0.0, window_size=(50, 20), return_lse=True)
+    i = torch.arange(sq, device=DEVICE).view(-1, 1)
+    j = torch.arange(sk, device=DEVICE).view(1, -1)
+    vis = (j >= i + sk - sq - 50) & (j <= i + sk - sq + 20)
+    count = vis.sum(dim=1).double()
+    mean_v = torch.einsum("qk,bkhd->bqhd", vis.double(), v.detach().double()) / count.clamp(min=1).view(1, -1, 1, 1)
+    expected_lse = torch.where(count > 0, count.log(), torch.full_like(count, float("-inf")))
+    torch.testing.assert_close(out.double(), mean_v, atol=1e-2, rtol=1e-2)
+    expected_lse = expected_lse.expand_as(lse)
+    ok, err, _, _, _ = check_close(lse, expected_lse, expected_lse, EPS_LSE)
+    assert ok, f"lse err {err:.3e} vs log(count)"
+    dq, dk, _ = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.count_nonzero(dq) == 0 and torch.count_nonzero(dk) == 0
 
 
 def test_strided_inputs_from_packed_qkv():
@@ -262,18 +343,143 @@ def test_grad_of_non_contiguous_dout():
     assert torch.equal(dq1, dq2)
 
 
+# ---------------------------------------------------------------------------
+# Mask rules (FlashAttention-3's): negative = unbounded, causal forces right = 0 and keeps left,
+# sides beyond the sequence (and beyond int32) cut nothing.
+# ---------------------------------------------------------------------------
+BIG_WINDOWS = {
+    "l-1_rINT32MAX": (False, (-1, INT32_MAX)),
+    "lINT32MAX_r-1": (False, (INT32_MAX, -1)),
+    "l2pow40_r0": (False, (2 ** 40, 0)),
+    "lINT32MAX_rINT32MAX": (False, (INT32_MAX, INT32_MAX)),
+    "l-2_r-2pow40": (False, (-2, -2 ** 40)),
+    "causal_l2pow40_r2pow40": (True, (2 ** 40, 2 ** 40)),
+    "causal_l-7_r5": (True, (-7, 5)),
+    "causal_l100_rINT32MAX": (True, (100, INT32_MAX)),
+}
+BIG_WINDOW_SEQLENS = [(1000, 1000), (113, 1023), (1023, 113)]
+
+
+@pytest.mark.parametrize("seqlens", BIG_WINDOW_SEQLENS, ids=[f"sq{a}_sk{b}" for a, b in BIG_WINDOW_SEQLENS])
+@pytest.mark.parametrize("window", list(BIG_WINDOWS), ids=list(BIG_WINDOWS))
+def test_window_beyond_sequence(window, seqlens):
+    """Windows larger than the sequence, up to Python ints beyond int32, match the reference
+    (whose int64 mask sees them as cutting nothing); forward and backward."""
+    causal, ws = BIG_WINDOWS[window]
+    sq, sk = seqlens
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, sq, sk, 4, 2, 128, 128, torch.bfloat16, requires_grad=True, seed=13)
+    _check_fwd_bwd(q, k, v, causal, ws, backward=flash3.backward_is_built(torch.bfloat16, 128, 128))
+
+
+def test_window_int32max_left_sq_longer_than_sk():
+    """seqlen_q 2048 > seqlen_k 512 with window (2**31 - 1, 0): the first 1536 queries see no key
+    (out 0, lse -inf), the others a bottom-right causal mask."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 2048, 512, 4, 4, 128, 128, torch.bfloat16, requires_grad=True, seed=17)
+    _check_fwd_bwd(q, k, v, False, (INT32_MAX, 0), backward=flash3.backward_is_built(torch.bfloat16, 128, 128))
+    out, lse = flash_attn_func(q.detach(), k.detach(), v.detach(), window_size=(INT32_MAX, 0), return_lse=True)
+    assert torch.count_nonzero(out[:, :1536]) == 0 and bool(torch.isneginf(lse[:, :, :1536]).all())
+    assert bool(torch.isfinite(lse[:, :, 1536:]).all())
+
+
+def _run_fwd_bwd_deterministic(q, k, v, g, **kwargs):
+    out, lse = flash_attn_func(q, k, v, deterministic=True, return_lse=True, **kwargs)
+    grads = torch.autograd.grad(out, (q, k, v), g) if q.requires_grad else ()
+    return (out, lse, *grads)
+
+
+@pytest.mark.parametrize("right", [1, 5, INT32_MAX, 2 ** 40, -1], ids=["r1", "r5", "rINT32MAX", "r2pow40", "r-1"])
+@pytest.mark.parametrize("left", [-1, 0, 64, 2 ** 40], ids=["l-1", "l0", "l64", "l2pow40"])
+def test_causal_ignores_window_right(left, right):
+    """causal=True with window_size=(left, right) is causal with (left, 0), bitwise, forward and
+    (deterministic) backward; FlashAttention-3 code passes e.g. (left, -1) or (left, 5) with causal."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    bwd = flash3.backward_is_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 333, 517, 4, 2, 128, 128, torch.bfloat16, requires_grad=bwd, seed=19)
+    g = torch.randn(2, 333, 4, 128, device=DEVICE, dtype=torch.bfloat16)
+    got = _run_fwd_bwd_deterministic(q, k, v, g, causal=True, window_size=(left, right))
+    want = _run_fwd_bwd_deterministic(q, k, v, g, causal=True, window_size=(left, 0))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), f"{name}: causal with window ({left}, {right}) differs from ({left}, 0)"
+
+
+def test_causal_with_left_window_is_local_attention():
+    """causal=True with a finite left window: local attention, j in [i + sk - sq - left, i + sk - sq]."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 700, 900, 4, 4, 128, 128, torch.bfloat16, requires_grad=True, seed=23)
+    _check_fwd_bwd(q, k, v, True, (96, 7), backward=flash3.backward_is_built(torch.bfloat16, 128, 128))
+
+
+def test_window_values_outside_int64_and_int32():
+    """flash_attn_func takes any Python int (beyond int64 too); the operator takes int64 and maps
+    values above INT32_MAX to INT32_MAX, negative ones to -1: all of these are (-1, -1) here."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(1, 256, 384, 2, 2, 128, 128, torch.bfloat16)
+    want_out, want_lse = flash_attn_func(q, k, v, window_size=(-1, -1), return_lse=True)
+    for ws in [(2 ** 70, -2 ** 70), (-2 ** 70, 2 ** 70), (2 ** 63 - 1, -2 ** 63)]:
+        out, lse = flash_attn_func(q, k, v, window_size=ws, return_lse=True)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"window_size={ws}"
+    for wl, wr in [(2 ** 40, 2 ** 40), (2 ** 63 - 1, -2 ** 63), (-5, INT32_MAX + 1)]:
+        out, lse = torch.ops.flash3.fwd(q, k, v, None, False, wl, wr, 0.0, False)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"op window ({wl}, {wr})"
+
+
+def _random_window_cases(n=40):
+    """Shapes in turn; drawn per index with a fixed seed: head dims, heads, dtype, causal, and the
+    window sides uniform in [0, seqlen_k) as in FlashAttention's tests."""
+    shapes = [(128, 128), (113, 203), (256, 512), (512, 256), (1000, 1000), (113, 1023), (1023, 113),
+              (64, 2048), (2048, 64), (1, 700), (700, 1)]
+    hdims = [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128)]
+    cases = []
+    for i in range(n):
+        r = random.Random(1000 + i)
+        sq, sk = shapes[i % len(shapes)]
+        d, dv = r.choice(hdims)
+        heads = r.choice(list(HEADS))
+        dtype = "fp16" if r.random() < 0.25 else "bf16"
+        causal = r.random() < 0.4
+        window = (r.randrange(sk), r.randrange(sk))
+        cases.append((i, dtype, d, dv, sq, sk, heads, causal, window))
+    return cases
+
+
+RANDOM_WINDOW_CASES = _random_window_cases()
+
+
+def _random_case_id(c):
+    i, dtype, d, dv, sq, sk, heads, causal, (wl, wr) = c
+    return f"{i:02d}-{dtype}-d{d}x{dv}-sq{sq}_sk{sk}-{heads}-{'causal-' if causal else ''}w{wl}_{wr}"
+
+
+@pytest.mark.parametrize("case", RANDOM_WINDOW_CASES, ids=[_random_case_id(c) for c in RANDOM_WINDOW_CASES])
+def test_random_window(case):
+    i, dtype_name, d, dv, sq, sk, heads, causal, window = case
+    dtype = torch.float16 if dtype_name == "fp16" else torch.bfloat16
+    _skip_unless_built(dtype, d, dv)
+    hq, hk = HEADS[heads]
+    q, k, v = _inputs(2, sq, sk, hq, hk, d, dv, dtype, requires_grad=True, seed=100 + i)
+    _check_fwd_bwd(q, k, v, causal, window, backward=flash3.backward_is_built(dtype, d, dv),
+                   what=f" (causal={causal}, window={window})")
+
+
 def test_opcheck():
     """torch.library.opcheck: schema, fake (meta) impl vs the real kernel, autograd registration,
     AOT dispatch (the torch.compile path), static and dynamic shapes."""
     _skip_unless_built(torch.bfloat16, 128, 128)
     q, k, v = _inputs(2, 128, 192, 4, 2, 128, 128, torch.bfloat16)
     tests = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, None, True, -1, -1, 0.0, False), test_utils=tests)
+    # numbers as softmax_scale (0 included), int64 windows, causal with a right window (ignored)
+    arg_lists = [(None, True, -1, -1), (0.0, False, -1, -1), (0.3, True, 2 ** 40, 5), (None, False, 17, INT32_MAX)]
+    for scale, causal, wl, wr in arg_lists:
+        torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, scale, causal, wl, wr, 0.0, False),
+                              test_utils=tests)
     if flash3.backward_is_built(torch.bfloat16, 128, 128):
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, None, True, -1, -1, 0.0, False),
-                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
-                                          "test_aot_dispatch_dynamic"))
+        for scale, causal, wl, wr in arg_lists:
+            torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, scale, causal, wl, wr, 0.0, False),
+                                  test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                              "test_aot_dispatch_dynamic"))
 
 
 # ---------------------------------------------------------------------------
@@ -324,6 +530,25 @@ def test_compile_fullgraph_forward_backward():
     compiled = step(torch.compile(m, fullgraph=True))
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_compile_fullgraph_scale_and_window():
+    """softmax_scale=0.0 and causal with a right window pass the fake implementation; the
+    compiled call computes what the eager one does."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    torch._dynamo.reset()
+    q, k, v = _inputs(2, 256, 320, 4, 2, 128, 128, torch.bfloat16)
+
+    def f(q, k, v):
+        a = flash_attn_func(q, k, v, softmax_scale=0.0)
+        b = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, window_size=(64, 5))
+        c = flash_attn_func(q, k, v, window_size=(2 ** 40, 2 ** 31 - 1))
+        return a, b, c
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    for x, y in zip(compiled, eager):
+        assert torch.equal(x, y)
 
 
 def _graph_capture(fn, warmup=3):
@@ -379,9 +604,24 @@ def test_cuda_graph_forward_backward():
 
 
 def test_math_sanity_of_reference():
-    """The explicit-math reference agrees with torch SDPA (keeps the test oracle honest)."""
+    """The explicit-math reference agrees with torch SDPA, and with the closed form of
+    softmax_scale=0 (keeps the test oracle honest)."""
     q, k, v = _inputs(2, 113, 1023, 8, 2, 64, 64, torch.float32)
-    for causal, window in [(False, (-1, -1)), (True, (-1, -1)), (False, (128, 0)), (False, (5, 17))]:
-        a = sdpa_ref(q, k, v, causal, window)
-        b, _ = attention_ref(q, k, v, causal, window)
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    windows = [(False, (-1, -1)), (True, (-1, -1)), (False, (128, 0)), (False, (5, 17)), (True, (40, 9)),
+               (False, (2 ** 40, INT32_MAX)), (True, (-3, 2 ** 40)), (False, (INT32_MAX, 0))]
+    for causal, window in windows:
+        for scale in (None, 0.3):
+            a = sdpa_ref(q, k, v, causal, window, softmax_scale=scale)
+            b, _ = attention_ref(q, k, v, causal, window, softmax_scale=scale)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # causal keeps the left window and drops the right one; huge sides cut nothing
+    from ref import allowed_mask
+    assert torch.equal(allowed_mask(300, 200, True, (40, 9)), allowed_mask(300, 200, False, (40, 0)))
+    assert bool(allowed_mask(300, 200, False, (2 ** 40, INT32_MAX)).all())
+    # softmax_scale=0: the mean of v over the visible keys, lse = log(count)
+    mask = allowed_mask(113, 1023, False, (5, 17), DEVICE)
+    out, lse = attention_ref(q, k, v, False, (5, 17), softmax_scale=0.0)
+    vv = v.repeat_interleave(4, dim=2)
+    mean_v = torch.einsum("qk,bkhd->bqhd", mask.float(), vv) / mask.sum(dim=1).float().view(1, -1, 1, 1)
+    torch.testing.assert_close(out, mean_v, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, mask.sum(dim=1).float().log().expand_as(lse), atol=1e-5, rtol=1e-5)

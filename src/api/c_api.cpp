@@ -2,6 +2,7 @@
 // message of the last failure on the calling thread is kept in a thread_local
 // string (successful calls leave it unchanged).
 #include <exception>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -77,20 +78,27 @@ flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorV
   return flash3::Status::Ok();
 }
 
-flash3::AttentionOptions to_options(const flash3_options* o) {
-  flash3::AttentionOptions r;
-  if (o == nullptr) return r;
-  r.softmax_scale = o->softmax_scale;
-  r.causal = o->causal != 0;
-  r.window_left = o->window_left;
-  r.window_right = o->window_right;
-  r.softcap = o->softcap;
-  r.deterministic = o->deterministic != 0;
-  r.cu_seqlens_q = o->cu_seqlens_q;
-  r.cu_seqlens_k = o->cu_seqlens_k;
-  r.max_seqlen_q = o->max_seqlen_q;
-  r.max_seqlen_k = o->max_seqlen_k;
-  return r;
+// NULL -> the defaults. struct_size says which fields the caller's header
+// had: only this header's size is known so far; later versions read the
+// fields a smaller struct has and default the rest.
+flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) {
+  *r = flash3::AttentionOptions{};
+  if (o == nullptr) return flash3::Status::Ok();
+  if (o->struct_size != sizeof(flash3_options))
+    return flash3::Status::Invalid("opts->struct_size is " + std::to_string(o->struct_size) + "; expected " +
+                                   std::to_string(sizeof(flash3_options)) +
+                                   " (sizeof(flash3_options)): initialise the options with flash3_default_options()");
+  r->softmax_scale = o->softmax_scale;
+  r->causal = o->causal != 0;
+  r->window_left = o->window_left;
+  r->window_right = o->window_right;
+  r->softcap = o->softcap;
+  r->deterministic = o->deterministic != 0;
+  r->cu_seqlens_q = o->cu_seqlens_q;
+  r->cu_seqlens_k = o->cu_seqlens_k;
+  r->max_seqlen_q = o->max_seqlen_q;
+  r->max_seqlen_k = o->max_seqlen_k;
+  return flash3::Status::Ok();
 }
 
 #define FLASH3_C_TRY(where, expr)                 \
@@ -111,8 +119,7 @@ flash3::Status forward_args(const flash3_tensor* q, const flash3_tensor* k, cons
     flash3::Status s = to_view(it.t, it.name, it.view);
     if (!s.ok()) return s;
   }
-  a->opts = to_options(opts);
-  return flash3::Status::Ok();
+  return to_options(opts, &a->opts);
 }
 
 }  // namespace
@@ -121,7 +128,8 @@ extern "C" {
 
 flash3_options flash3_default_options(void) {
   flash3_options o;
-  o.softmax_scale = 0.f;
+  o.struct_size = sizeof(flash3_options);
+  o.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   o.causal = 0;
   o.window_left = -1;
   o.window_right = -1;
@@ -165,7 +173,7 @@ flash3_status flash3_backward(const flash3_tensor* q, const flash3_tensor* k, co
     FLASH3_C_TRY(kWhere, to_view(dq, "dq", &a.dq));
     FLASH3_C_TRY(kWhere, to_view(dk, "dk", &a.dk));
     FLASH3_C_TRY(kWhere, to_view(dv, "dv", &a.dv));
-    a.opts = to_options(opts);
+    FLASH3_C_TRY(kWhere, to_options(opts, &a.opts));
     a.workspace = workspace;
     a.workspace_bytes = workspace_bytes;
     return report(kWhere, flash3::backward(a, static_cast<cudaStream_t>(stream)));
@@ -179,7 +187,7 @@ size_t flash3_backward_workspace_size(const flash3_tensor* q, const flash3_tenso
   try {
     flash3::BackwardArgs a;
     if (!to_view(q, "q", &a.q).ok() || !to_view(k, "k", &a.k).ok() || !to_view(v, "v", &a.v).ok()) return 0;
-    a.opts = to_options(opts);
+    if (!to_options(opts, &a.opts).ok()) return 0;
     return flash3::backward_workspace_size(a);
   } catch (...) {
     (void)report_exception("flash3_backward_workspace_size");

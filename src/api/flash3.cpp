@@ -1,12 +1,11 @@
 // Public entry points: validate, lower, launch. Nothing here throws: every
 // failure, including an unexpected exception, becomes a Status.
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <string>
 
 #include <cuda_runtime_api.h>
-
-#include <cstdlib>
 
 #include "api/validate.h"
 #include "common/cuda_check.h"
@@ -20,6 +19,55 @@ namespace {
 Status internal_error(const char* where, const char* what) {
   return {StatusCode::kInternal, std::string(where) + ": unexpected exception: " + what};
 }
+
+// Batch elements [b0, b0 + n) of a fixed-length attention tensor or LSE
+// (batch is dimension 0 of both); an undefined view stays undefined.
+TensorView batch_slice(const TensorView& t, int64_t b0, int64_t n) {
+  if (t.data == nullptr || t.ndim == 0) return t;
+  TensorView s = t;
+  s.data = static_cast<char*>(t.data) + b0 * t.stride[0] * dtype_size(t.dtype);
+  s.shape[0] = n;
+  return s;
+}
+
+// Batch elements per launch for q and k of this call (varlen: one launch).
+int64_t launch_batch(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
+  if (o.cu_seqlens_q != nullptr) return 1;
+  return batch_per_launch(q.shape[1], k.shape[1], q.shape[2], k.shape[2]);
+}
+
+ForwardArgs forward_slice(const ForwardArgs& a, int64_t b0, int64_t n) {
+  ForwardArgs s = a;
+  for (TensorView* t : {&s.q, &s.k, &s.v, &s.out, &s.lse}) *t = batch_slice(*t, b0, n);
+  return s;
+}
+
+BackwardArgs backward_slice(const BackwardArgs& a, int64_t b0, int64_t n) {
+  BackwardArgs s = a;
+  for (TensorView* t : {&s.q, &s.k, &s.v, &s.out, &s.dout, &s.lse, &s.dlse, &s.dq, &s.dk, &s.dv})
+    *t = batch_slice(*t, b0, n);
+  return s;
+}
+
+// The scratch bytes of a launch of `batch` elements; the shapes come from q
+// (and k / v where defined).
+size_t workspace_bytes_for(const BackwardArgs& args, int64_t batch) {
+  const TensorView& q = args.q;
+  const TensorView& k = args.k;
+  BwdParams p;
+  p.batch = static_cast<int>(batch);
+  p.seqlen_q = static_cast<int>(q.shape[1]);
+  p.heads_q = static_cast<int>(q.shape[2]);
+  p.head_dim = static_cast<int>(q.shape[3]);
+  p.head_dim_v = static_cast<int>(args.v.shape[3]);
+  const bool have_k = k.ndim == 4 && k.shape[1] >= 0 && k.shape[1] <= INT32_MAX && k.shape[2] > 0 &&
+                      k.shape[2] <= p.heads_q && p.heads_q % k.shape[2] == 0;
+  if (!have_k) return backward_workspace_bytes_bound(p);
+  p.seqlen_k = static_cast<int>(k.shape[1]);
+  p.heads_kv = static_cast<int>(k.shape[2]);
+  apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
+  return backward_workspace_bytes(p);
+}
 }  // namespace
 
 Status forward(const ForwardArgs& args, cudaStream_t stream) {
@@ -30,12 +78,14 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     // Valid requests for features the kernel does not implement yet.
     if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
     if (args.opts.cu_seqlens_q != nullptr) return Status::NotSupported("varlen (cu_seqlens)");
-    FwdParams params = make_fwd_params(args);
-    // Benchmark-only schedule ablation; ignored unless built with FLASH3_ABLATION.
-    if (const char* sched = std::getenv("FLASH3_FWD_SCHEDULE")) {
-      params.schedule = static_cast<FwdSchedule>(std::atoi(sched) & 15);
+    if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    const int64_t batch = args.q.shape[0];
+    const int64_t per_launch = launch_batch(args.q, args.k, args.opts);
+    for (int64_t b0 = 0; b0 < batch; b0 += per_launch) {
+      const ForwardArgs sub = forward_slice(args, b0, std::min(per_launch, batch - b0));
+      FLASH3_RETURN_IF_ERROR(launch_forward(make_fwd_params(sub), stream));
     }
-    return launch_forward(params, stream);
+    return Status::Ok();
   } catch (const std::exception& e) {
     return internal_error("flash3::forward", e.what());
   } catch (...) {
@@ -50,25 +100,33 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
     if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
     if (args.opts.cu_seqlens_q != nullptr) return Status::NotSupported("varlen (cu_seqlens)");
     if (backward_is_empty(args)) return Status::Ok();  // nothing to write
-    BwdParams params = make_bwd_params(args);
-    const size_t need = backward_workspace_bytes(params);
-    if (args.workspace != nullptr) {
+    if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    const size_t need = backward_workspace_size(args);
+    void* workspace = args.workspace;
+    if (workspace != nullptr) {
       if (args.workspace_bytes < need) {
         return Status::Invalid("workspace: " + std::to_string(args.workspace_bytes) +
                                " bytes given, backward_workspace_size() = " + std::to_string(need) + " needed");
       }
-      if (reinterpret_cast<uintptr_t>(args.workspace) % 256 != 0) {
+      if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
         return Status::Invalid("workspace: must be 256-byte aligned");
       }
-      params.workspace = args.workspace;
-      return launch_backward(params, stream);
+    } else if (need > 0) {
+      // Stream-ordered scratch: no device-wide synchronisation, reusable by the
+      // driver's pool as soon as the kernels that use it have run.
+      FLASH3_RETURN_IF_ERROR(cuda_call(cudaMallocAsync(&workspace, need, stream), "cudaMallocAsync(workspace)"));
     }
-    // Stream-ordered scratch: no device-wide synchronisation, reusable by the
-    // driver's pool as soon as the kernels that use it have run.
-    if (need > 0) FLASH3_CUDA_TRY(cudaMallocAsync(&params.workspace, need, stream));
-    Status launched = launch_backward(params, stream);
-    Status freed = need > 0 ? cuda_status(cudaFreeAsync(params.workspace, stream), "cudaFreeAsync(workspace)")
-                            : Status::Ok();
+    // Launches of consecutive batch slices share the scratch: they are ordered on the stream.
+    const int64_t batch = args.q.shape[0];
+    const int64_t per_launch = launch_batch(args.q, args.k, args.opts);
+    Status launched = Status::Ok();
+    for (int64_t b0 = 0; b0 < batch && launched.ok(); b0 += per_launch) {
+      BwdParams params = make_bwd_params(backward_slice(args, b0, std::min(per_launch, batch - b0)));
+      params.workspace = workspace;
+      launched = launch_backward(params, stream);
+    }
+    if (args.workspace != nullptr || need == 0) return launched;
+    Status freed = cuda_call(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
     return launched.ok() ? freed : launched;
   } catch (const std::exception& e) {
     return internal_error("flash3::backward", e.what());
@@ -79,30 +137,27 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
 
 // From the shapes of q, k (seqlen_k, KV heads) and v (head_dim_v), the mask
 // options and the current device's SM count (the unmasked launch's split
-// plan, BwdSplitPlan). 0 for an empty or malformed q. Without a k (a caller
-// sizing scratch before it has the other tensors), the split part is sized
-// for the worst case, which any k then fits.
+// plan, BwdSplitPlan); the most any of the call's batch-slice launches needs.
+// 0 for an empty or malformed q. Without a k (a caller sizing scratch before
+// it has the other tensors), the split part is sized for the worst case,
+// which any k then fits.
 size_t backward_workspace_size(const BackwardArgs& args) {
   try {
     const TensorView& q = args.q;
-    const TensorView& k = args.k;
     if (args.opts.cu_seqlens_q != nullptr || q.ndim != 4 || args.v.ndim != 4) return 0;
     for (int i = 0; i < 4; ++i)
       if (q.shape[i] <= 0) return 0;
     if (q.shape[0] > INT32_MAX || q.shape[1] > INT32_MAX || q.shape[2] > INT32_MAX || q.shape[3] > 256) return 0;
-    BwdParams p;
-    p.batch = static_cast<int>(q.shape[0]);
-    p.seqlen_q = static_cast<int>(q.shape[1]);
-    p.heads_q = static_cast<int>(q.shape[2]);
-    p.head_dim = static_cast<int>(q.shape[3]);
-    p.head_dim_v = static_cast<int>(args.v.shape[3]);
-    apply_mask_options(args.opts, &p);
-    const bool have_k = k.ndim == 4 && k.shape[1] > 0 && k.shape[1] <= INT32_MAX && k.shape[2] > 0 &&
-                        k.shape[2] <= p.heads_q && p.heads_q % k.shape[2] == 0;
-    if (!have_k) return backward_workspace_bytes_bound(p);
-    p.seqlen_k = static_cast<int>(k.shape[1]);
-    p.heads_kv = static_cast<int>(k.shape[2]);
-    return backward_workspace_bytes(p);
+    const TensorView& k = args.k;
+    const bool have_k = k.ndim == 4 && k.shape[1] >= 0 && k.shape[2] > 0;
+    int64_t per_launch = batch_per_launch(q.shape[1], have_k ? k.shape[1] : q.shape[1], q.shape[2],
+                                          have_k ? k.shape[2] : q.shape[2]);
+    if (per_launch <= 0) return 0;
+    const int64_t batch = q.shape[0];
+    per_launch = std::min(per_launch, batch);
+    size_t need = workspace_bytes_for(args, per_launch);
+    if (batch % per_launch != 0) need = std::max(need, workspace_bytes_for(args, batch % per_launch));
+    return need;
   } catch (...) {
     return 0;
   }

@@ -3,18 +3,22 @@
 // was expected.
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "api/overlap.h"
 #include "common/cuda_check.h"
 #include "launch/dispatch.h"
 
@@ -22,9 +26,14 @@ namespace flash3 {
 
 namespace {
 
-constexpr int64_t kMaxOffset = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 constexpr int kMaxHeadDim = 256;
 constexpr float kLog2e = 1.4426950408889634f;
+// Block ranges and masks add row, column, offset and window values in int32
+// inside the kernels (windows are normalised below seqlen first).
+constexpr int64_t kMaxSeqlenSum = std::numeric_limits<int32_t>::max() - 1024;
+// TMA descriptors: byte strides below 2^40.
+constexpr int64_t kMaxTmaStrideBytes = int64_t(1) << 40;
 
 std::string dtype_str(DType t) {
   const char* n = dtype_name(t);
@@ -103,6 +112,12 @@ std::string shape_str(const TensorView& t) {
   return s + ")";
 }
 
+std::string stride_str(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.stride[i]);
+  return s + ")";
+}
+
 // ---------------------------------------------------------------------------
 // Options.
 // ---------------------------------------------------------------------------
@@ -124,20 +139,13 @@ Status check_options(const AttentionOptions& o) {
     if (reinterpret_cast<uintptr_t>(o.cu_seqlens_k) % alignof(int32_t) != 0)
       return Status::Invalid("opts.cu_seqlens_k (" + fmt_ptr(o.cu_seqlens_k) + ") is not 4-byte aligned; expected an int32 array");
   }
-  if (o.softmax_scale > 0.f && !std::isfinite(o.softmax_scale))
+  // Any window value is valid (negative: unbounded; causal overrides the right side).
+  if (!std::isnan(o.softmax_scale) && !(std::isfinite(o.softmax_scale) && o.softmax_scale >= 0.f))
     return Status::Invalid("opts.softmax_scale is " + fmt_float(o.softmax_scale) +
-                           "; expected a finite value > 0 (or <= 0 / NaN for the default 1/sqrt(head_dim))");
-  if (o.window_left < -1)
-    return Status::Invalid("opts.window_left is " + std::to_string(o.window_left) + "; expected >= -1 (-1 means unbounded)");
-  if (o.window_right < -1)
-    return Status::Invalid("opts.window_right is " + std::to_string(o.window_right) +
-                           "; expected >= -1 (-1 means unbounded)");
+                           "; expected NaN (the default, 1/sqrt(head_dim)) or a finite value >= 0 (a negative scale "
+                           "is not supported: the online softmax tracks the row maximum of the unscaled scores)");
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     return Status::Invalid("opts.softcap is " + fmt_float(o.softcap) + "; expected a finite value >= 0 (0 disables)");
-  if (o.causal && o.window_right > 0)
-    return Status::Invalid("opts.window_right is " + std::to_string(o.window_right) +
-                           " with opts.causal set; expected 0 or -1: causal implies window_right == 0 "
-                           "(use window_left/window_right without causal for another window)");
   return Status::Ok();
 }
 
@@ -161,7 +169,7 @@ Status check_present(const Arg& a, bool varlen) {
   for (int i = 0; i < nd; ++i) {
     if (t.shape[i] < 0)
       return Status::Invalid(dim_label(a, varlen, i) + " is " + std::to_string(t.shape[i]) + "; expected >= 0");
-    if (t.shape[i] > kMaxOffset)
+    if (t.shape[i] > kMaxDim)
       return Status::Invalid(dim_label(a, varlen, i) + " is " + std::to_string(t.shape[i]) +
                              "; expected <= 2147483647 (INT32_MAX)");
   }
@@ -261,24 +269,30 @@ Status check_lse_shape(const Arg& l, const Arg& q, bool varlen) {
   return Status::Ok();
 }
 
-// Strides, alignment and the 32-bit offset limit.
+// Strides and alignment (TMA's rules for the attention tensors). The stride
+// of a dimension of size 1 is never used: any value is accepted there.
 Status check_layout(const Arg& a, bool varlen) {
   const TensorView& t = *a.t;
   const int last = t.ndim - 1;
   for (int i = 0; i < t.ndim; ++i)
-    if (t.stride[i] < 0)
+    if (t.shape[i] > 1 && t.stride[i] < 0)
       return Status::Invalid(stride_label(a, varlen, i) + " is " + std::to_string(t.stride[i]) +
                              "; expected >= 0 (negative strides are not supported)");
-  if (t.stride[last] != 1)
+  if (t.shape[last] > 1 && t.stride[last] != 1)
     return Status::Invalid(stride_label(a, varlen, last) + " is " + std::to_string(t.stride[last]) + "; expected 1 (" +
                            dim_names(a.role, varlen)[last] + " must be contiguous)");
   const int esize = dtype_size(t.dtype);
   if (!is_lse(a.role) && esize > 0 && esize < 16) {
     const int64_t mult = 16 / esize;  // 8 elements for 16-bit types
-    for (int i = 0; i < last; ++i)
+    for (int i = 0; i < last; ++i) {
+      if (t.shape[i] <= 1) continue;
       if (t.stride[i] % mult != 0)
         return Status::Invalid(stride_label(a, varlen, i) + " is " + std::to_string(t.stride[i]) + "; expected a multiple of " +
                                std::to_string(mult) + " elements (16 bytes, TMA requirement)");
+      if (t.stride[i] >= kMaxTmaStrideBytes / esize)
+        return Status::Invalid(stride_label(a, varlen, i) + " is " + std::to_string(t.stride[i]) + "; expected below " +
+                               std::to_string(kMaxTmaStrideBytes / esize) + " elements (2^40 bytes, TMA requirement)");
+    }
   }
   if (a.written) {
     for (int i = 0; i < t.ndim; ++i)
@@ -286,6 +300,10 @@ Status check_layout(const Arg& a, bool varlen) {
         return Status::Invalid(stride_label(a, varlen, i) + " is 0 while " + dim_label(a, varlen, i) + " is " +
                                std::to_string(t.shape[i]) + "; expected a non-zero stride (" + a.name +
                                " is written and its elements must not overlap)");
+    if (self_overlaps(t))
+      return Status::Invalid(std::string(a.name) + " has shape " + shape_str(t) + " and strides " + stride_str(t) +
+                             ", whose elements overlap; expected a layout where every element has its own memory (" +
+                             a.name + " is written)");
   }
   const uintptr_t align = is_lse(a.role) ? 4 : 16;
   if (reinterpret_cast<uintptr_t>(t.data) % align != 0)
@@ -296,14 +314,47 @@ Status check_layout(const Arg& a, bool varlen) {
     int64_t off = 0;
     bool overflow = false;
     for (int i = 0; i < t.ndim && !overflow; ++i) {
+      if (t.shape[i] <= 1) continue;
       int64_t term = 0;
-      overflow = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &term) || __builtin_add_overflow(off, term, &off);
+      overflow = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &term) || __builtin_add_overflow(off, term, &off) ||
+                 __builtin_mul_overflow(off, int64_t(esize), &term);
     }
-    if (overflow || off > kMaxOffset)
-      return Status::Invalid(std::string(a.name) + ": largest element offset sum((shape[i]-1)*stride[i]) is " +
-                             (overflow ? std::string("beyond int64") : std::to_string(off)) +
-                             "; expected <= 2147483647 (INT32_MAX): flash3 indexes with 32-bit element offsets");
+    if (overflow)
+      return Status::Invalid(std::string(a.name) + ": the byte offset of its last element, sum((shape[i]-1)*stride[i]) * " +
+                             std::to_string(esize) + ", does not fit in int64; expected a tensor that fits in memory");
   }
+  return Status::Ok();
+}
+
+// Outputs must not share memory with any other tensor of the call (inputs the
+// kernels read while they write, or other outputs).
+Status check_no_alias(const Arg& out, std::initializer_list<const Arg*> others) {
+  for (const Arg* o : others) {
+    if (o->t->data == nullptr) continue;
+    if (views_overlap(*out.t, *o->t))
+      return Status::Invalid(std::string(out.name) + " (data " + fmt_ptr(out.t->data) + ", shape " + shape_str(*out.t) +
+                             ") overlaps " + o->name + " (data " + fmt_ptr(o->t->data) + ", shape " + shape_str(*o->t) +
+                             "); expected " + out.name + " to have memory of its own (it is written while " + o->name +
+                             (o->written ? " is written too)" : " is read)"));
+  }
+  return Status::Ok();
+}
+
+// Sizes the kernels' int32 index arithmetic and grids rely on.
+Status check_limits(const Arg& q, const Arg& k, bool varlen) {
+  const int R = varlen ? 0 : 1, H = R + 1;
+  const int64_t sq = q.t->shape[R], sk = k.t->shape[R];
+  if (sq + sk > kMaxSeqlenSum)
+    return Status::Invalid(dim_label(q, varlen, R) + " + " + dim_label(k, varlen, R) + " is " + std::to_string(sq + sk) +
+                           "; expected <= " + std::to_string(kMaxSeqlenSum) + " (the kernels index rows in int32)");
+  if (q.t->shape[H] > kMaxGridYZ)
+    return Status::Invalid(dim_label(q, varlen, H) + " is " + std::to_string(q.t->shape[H]) + "; expected <= " +
+                           std::to_string(kMaxGridYZ) + " (the grid's y dimension)");
+  if (!varlen && batch_per_launch(sq, sk, q.t->shape[H], k.t->shape[H]) < 1)
+    return Status::Invalid("one batch element has more than 2^30 tiles (" + dim_label(q, varlen, R) + " " +
+                           std::to_string(sq) + ", " + dim_label(k, varlen, R) + " " + std::to_string(sk) +
+                           ", heads " + std::to_string(q.t->shape[H]) +
+                           "); expected fewer: the kernels count tiles in int32");
   return Status::Ok();
 }
 
@@ -322,7 +373,8 @@ Status check_forward_structure(const ForwardArgs& args) {
   const Arg v{"v", &args.v, Role::kV, false};
   const Arg o{"out", &args.out, Role::kO, true};
   const Arg l{"lse", &args.lse, Role::kLse, true};
-  const bool has_lse = args.lse.data != nullptr;
+  // A view with a shape but no data is an error (check_present), not "absent".
+  const bool has_lse = args.lse.defined();
 
   for (const Arg* a : {&q, &k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_present(*a, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_present(l, varlen));
@@ -337,6 +389,9 @@ Status check_forward_structure(const ForwardArgs& args) {
 
   for (const Arg* a : {&q, &k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_layout(*a, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_layout(l, varlen));
+  FLASH3_RETURN_IF_ERROR(check_limits(q, k, varlen));
+  FLASH3_RETURN_IF_ERROR(check_no_alias(o, {&q, &k, &v}));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_no_alias(l, {&q, &k, &v, &o}));
   return Status::Ok();
 }
 
@@ -353,7 +408,7 @@ Status check_backward_structure(const BackwardArgs& args) {
   const Arg dq{"dq", &args.dq, Role::kQ, true};
   const Arg dk{"dk", &args.dk, Role::kK, true};
   const Arg dv{"dv", &args.dv, Role::kV, true};
-  const bool has_dlse = args.dlse.data != nullptr;
+  const bool has_dlse = args.dlse.defined();
 
   for (const Arg* a : {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_present(*a, varlen));
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_present(dlse, varlen));
@@ -374,6 +429,10 @@ Status check_backward_structure(const BackwardArgs& args) {
 
   for (const Arg* a : {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_layout(*a, varlen));
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_layout(dlse, varlen));
+  FLASH3_RETURN_IF_ERROR(check_limits(q, k, varlen));
+  for (const Arg* g : {&dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_no_alias(*g, {&q, &k, &v, &o, &dout, &lse, &dlse}));
+  FLASH3_RETURN_IF_ERROR(check_no_alias(dq, {&dk, &dv}));
+  FLASH3_RETURN_IF_ERROR(check_no_alias(dk, {&dv}));
   return Status::Ok();
 }
 
@@ -422,13 +481,23 @@ bool device_check_skipped() {
 }
 
 namespace {
-Status current_device(int* dev) {
-  cudaError_t e = cudaGetDevice(dev);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // do not leave the error for the caller's next check
-    return cuda_status(e, "cudaGetDevice");
-  }
+Status current_device(int* dev) { return cuda_call(cudaGetDevice(dev), "cudaGetDevice"); }
+
+// The device a stream was created on.
+Status stream_device(cudaStream_t stream, int* dev) {
+#if CUDART_VERSION >= 12080
+  return cuda_call(cudaStreamGetDevice(stream, dev), "cudaStreamGetDevice(stream)");
+#else
+  CUcontext ctx = nullptr;
+  CUdevice d = 0;
+  if (cuStreamGetCtx(reinterpret_cast<CUstream>(stream), &ctx) != CUDA_SUCCESS || cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+    return Status::Cuda("cuStreamGetCtx(stream) failed: not a valid stream?");
+  const CUresult r = cuCtxGetDevice(&d);
+  cuCtxPopCurrent(nullptr);
+  if (r != CUDA_SUCCESS) return Status::Cuda("cuCtxGetDevice failed for the stream's context");
+  *dev = int(d);
   return Status::Ok();
+#endif
 }
 }  // namespace
 
@@ -522,9 +591,59 @@ Status validate_backward(const BackwardArgs& args) {
   return Status::Ok();
 }
 
+int64_t batch_per_launch(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv) {
+  constexpr int64_t kMinTile = 64;  // the smallest tile_m / tile_n of any kernel
+  // Half of INT32_MAX: the backward's split plan adds up to a few waves of CTAs.
+  constexpr int64_t kMaxTiles = std::numeric_limits<int32_t>::max() / 2;
+  const int64_t per_batch = std::max<int64_t>({(seqlen_q + kMinTile - 1) / kMinTile * heads_q,
+                                               (seqlen_k + kMinTile - 1) / kMinTile * heads_kv, int64_t(1)});
+  return std::min<int64_t>(kMaxGridYZ, kMaxTiles / per_batch);
+}
+
+Status check_stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return Status::Ok();
+  // cudaStreamGetDevice is not permitted on a stream that is being captured
+  // into a CUDA graph (it invalidates the capture): such a stream is left to
+  // the capture, whose launches fail on a stream of another device.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FLASH3_RETURN_IF_ERROR(cuda_call(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing(stream)"));
+  if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
+  int dev = 0;
+  FLASH3_RETURN_IF_ERROR(current_device(&dev));
+  int stream_dev = 0;
+  FLASH3_RETURN_IF_ERROR(stream_device(stream, &stream_dev));
+  if (stream_dev == dev) return Status::Ok();
+  return Status::Invalid("stream belongs to device " + std::to_string(stream_dev) + "; expected a stream of device " +
+                         std::to_string(dev) + " (the current device, where the tensors are)");
+}
+
 // ---------------------------------------------------------------------------
 // Lowering.
 // ---------------------------------------------------------------------------
+namespace {
+// The stride of dimension i as the kernels get it. A dimension of size 1 may
+// carry any stride (validation ignores it); it is replaced by one past the
+// view's span, rounded up to 16 bytes, so that TMA descriptors see a valid
+// stride (a multiple of 16 bytes below 2^40) and pointer arithmetic a harmless one.
+int64_t lowered_stride(const TensorView& t, int i) {
+  if (t.shape[i] > 1) return t.stride[i];
+  int64_t span = 1;
+  for (int j = 0; j < t.ndim; ++j)
+    if (t.shape[j] > 1) span = std::max(span, t.shape[j] * t.stride[j]);
+  const int64_t unit = std::max(1, 16 / std::max(1, dtype_size(t.dtype)));
+  return (span + unit - 1) / unit * unit;
+}
+
+// (batch, row, head) strides of an attention tensor; varlen tensors are
+// (total, head, dim) and have no batch stride.
+void lower_strides(const TensorView& t, bool varlen, int64_t* b, int64_t* r, int64_t* h) {
+  const int R = varlen ? 0 : 1;
+  *b = varlen ? 0 : lowered_stride(t, 0);
+  *r = lowered_stride(t, R);
+  *h = lowered_stride(t, R + 1);
+}
+}  // namespace
+
 FwdParams make_fwd_params(const ForwardArgs& args) {
   FwdParams p;
   const bool varlen = is_varlen(args.opts);
@@ -547,38 +666,35 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   p.head_dim = static_cast<int>(q.shape[D]);
   p.head_dim_v = static_cast<int>(v.shape[D]);
 
-  p.q_batch_stride = varlen ? 0 : q.stride[0];
-  p.q_row_stride = q.stride[R];
-  p.q_head_stride = q.stride[H];
-  p.k_batch_stride = varlen ? 0 : k.stride[0];
-  p.k_row_stride = k.stride[R];
-  p.k_head_stride = k.stride[H];
-  p.v_batch_stride = varlen ? 0 : v.stride[0];
-  p.v_row_stride = v.stride[R];
-  p.v_head_stride = v.stride[H];
-  p.o_batch_stride = varlen ? 0 : o.stride[0];
-  p.o_row_stride = o.stride[R];
-  p.o_head_stride = o.stride[H];
+  auto strides = [&](const TensorView& t, int64_t* b, int64_t* r, int64_t* h) { lower_strides(t, varlen, b, r, h); };
+  strides(q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  strides(k, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  strides(v, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  strides(o, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
   if (p.lse != nullptr) {
     // (b, hq, sq) or varlen (hq, total_q)
-    p.lse_batch_stride = varlen ? 0 : args.lse.stride[0];
-    p.lse_head_stride = varlen ? args.lse.stride[0] : args.lse.stride[1];
+    p.lse_batch_stride = varlen ? 0 : lowered_stride(args.lse, 0);
+    p.lse_head_stride = varlen ? lowered_stride(args.lse, 0) : lowered_stride(args.lse, 1);
   }
 
   const float scale = args.opts.softmax_scale;
-  p.softmax_scale = (scale > 0.f) ? scale : 1.f / std::sqrt(static_cast<float>(p.head_dim));  // NaN -> default
-  p.softmax_scale_log2 = p.softmax_scale * kLog2e;
+  p.softmax_scale = std::isnan(scale) ? 1.f / std::sqrt(static_cast<float>(p.head_dim)) : scale;
+  // Masked scores are -inf and -inf * 0 is NaN: a scale of 0 enters the
+  // exponent as the smallest normal float instead (every finite score times it
+  // is 0 to fp32 precision, so P is uniform as with 0), while O, the LSE and
+  // the gradients use the exact 0.
+  p.softmax_scale_log2 = p.softmax_scale > 0.f ? p.softmax_scale * kLog2e : std::numeric_limits<float>::min();
   p.softcap = args.opts.softcap;
 
-  apply_mask_options(args.opts, &p);
+  apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
   return p;
 }
 
-// Masks: causal == window (-1, 0). Normalised as FlashAttention does: causal
-// forces window_right = 0; (-1, 0) is the causal kernel, any other bounded
-// window is local; (-1, -1) is no mask.
-void apply_mask_options(const AttentionOptions& opts, FwdParams* p) {
-  int wl = opts.window_left, wr = opts.window_right;
+void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p) {
+  int wl = opts.window_left < 0 ? -1 : opts.window_left;
+  int wr = opts.window_right < 0 ? -1 : opts.window_right;
+  if (wl >= seqlen_k - 1) wl = -1;
+  if (wr >= seqlen_q - 1) wr = -1;
   if (opts.causal) wr = 0;
   p->is_causal = wl < 0 && wr == 0;
   p->is_local = !p->is_causal && (wl >= 0 || wr >= 0);
@@ -597,25 +713,20 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   BwdParams p;
   static_cast<FwdParams&>(p) = make_fwd_params(f);
   const bool varlen = is_varlen(args.opts);
-  const int R = varlen ? 0 : 1, H = R + 1;
   p.dout = args.dout.data;
   p.lse_in = static_cast<const float*>(args.lse.data);
   p.dlse = static_cast<const float*>(args.dlse.data);
   p.dq = args.dq.data;
   p.dk = args.dk.data;
   p.dv = args.dv.data;
-  auto strides = [&](const TensorView& t, int64_t* b, int64_t* r, int64_t* h) {
-    *b = varlen ? 0 : t.stride[0];
-    *r = t.stride[R];
-    *h = t.stride[H];
-  };
+  auto strides = [&](const TensorView& t, int64_t* b, int64_t* r, int64_t* h) { lower_strides(t, varlen, b, r, h); };
   strides(args.dout, &p.do_batch_stride, &p.do_row_stride, &p.do_head_stride);
   strides(args.dq, &p.dq_batch_stride, &p.dq_row_stride, &p.dq_head_stride);
   strides(args.dk, &p.dk_batch_stride, &p.dk_row_stride, &p.dk_head_stride);
   strides(args.dv, &p.dv_batch_stride, &p.dv_row_stride, &p.dv_head_stride);
   if (p.dlse != nullptr) {
-    p.dlse_batch_stride = varlen ? 0 : args.dlse.stride[0];
-    p.dlse_head_stride = varlen ? args.dlse.stride[0] : args.dlse.stride[1];
+    p.dlse_batch_stride = varlen ? 0 : lowered_stride(args.dlse, 0);
+    p.dlse_head_stride = varlen ? lowered_stride(args.dlse, 0) : lowered_stride(args.dlse, 1);
   }
   p.deterministic = args.opts.deterministic;
   return p;

@@ -3,7 +3,8 @@
 // The public entry points validate_forward()/validate_backward() (flash3.h) run,
 // in order:
 //   1. structural checks (options, presence, ndim, sizes, dtypes, head dims,
-//      shapes, strides, alignment, 32-bit offsets)       -> kInvalidArgument / kNotSupported (fp8)
+//      shapes, strides, alignment, index limits, outputs overlapping inputs,
+//      each other or themselves)                          -> kInvalidArgument / kNotSupported (fp8)
 //   2. an empty problem (forward_is_empty / backward_is_empty) stops here: it is
 //      valid and needs neither a kernel nor a device
 //   3. kernel availability for (dtype, head_dim, head_dim_v) -> kNotSupported
@@ -25,6 +26,12 @@ bool device_check_skipped();
 Status check_forward_structure(const ForwardArgs& args);
 Status check_backward_structure(const BackwardArgs& args);
 
+// Batch elements one launch may take: the per-(block, head, batch) grids put
+// batch in gridDim.z (<= 65535), and the kernels count tiles and CTAs in
+// int32. forward()/backward() split larger batches into several launches. 0
+// when a single batch element has too many tiles (validation rejects that).
+int64_t batch_per_launch(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv);
+
 // Whether the (structurally valid) problem has nothing to compute. Forward:
 // batch == 0 or seqlen_q == 0 (varlen: total_q == 0). Backward: batch == 0 or
 // seqlen_q == seqlen_k == 0 (dK / dV are zeroed when only seqlen_q is 0).
@@ -44,5 +51,8 @@ Status check_device_pointer(const char* name, const void* ptr);
 Status check_current_device();
 Status check_forward_device(const ForwardArgs& args);
 Status check_backward_device(const BackwardArgs& args);
+// The stream must belong to the current device (the legacy and per-thread
+// default streams always do).
+Status check_stream_device(cudaStream_t stream);
 
 }  // namespace flash3

@@ -5,10 +5,10 @@
 // has already summed over the query heads that share its KV head.
 //
 // Why staged: the accumulator layout's own stores are 4 bytes per thread, 16
-// bytes per row per instruction, half of every 32-byte sector. Skipping the
-// epilogue (timing experiment, bench/fixed_cost.py) cut the per-tile fixed
-// cost at d = 128 from 4.0 to 1.2 query-block iterations (2026-11-30), the
-// same pathology as the dQ postprocess before it was staged.
+// bytes per row per instruction, half of every 32-byte sector; with them the
+// per-tile fixed cost at d = 128 was 4.0 query-block iterations, of which
+// skipping the epilogue removed 2.8 (docs/performance.md). The dQ postprocess
+// is staged for the same reason.
 //
 // Split launches (unmasked, last wave split over the query range, BwdSplitPlan;
 // their own kernel instantiation) stage fp32 instead, over the K, V, Q, dO and
@@ -19,8 +19,8 @@
 // a shared-memory store) made ptxas spill the d = 64 kernel's dK / dV
 // accumulators around its main loop (32 LDL + 32 STL per iteration).
 // The wider staging doubles the staged bytes; when every unmasked launch used
-// it, d = 128 / 256 at 512 queries ran 5.5% / 3.6% slower (2026-11-30), so
-// launches that split nothing keep Element staging.
+// it, d = 128 / 256 at 512 queries ran 5.5% / 3.6% slower, so launches that
+// split nothing keep Element staging.
 #pragma once
 #include <cute/tensor.hpp>
 

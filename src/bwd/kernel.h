@@ -25,7 +25,7 @@ namespace flash3 {
 // A group's Q, dO and fp32 dQ accumulator are sized to stay in L2 together:
 // with every head in flight at once, d = 128 2k causal moved 3.6 GB of DRAM in
 // its main kernel (the dQ reduce-adds missing L2) and ran at 72% of DRAM
-// bandwidth (ncu, 2026-11-30). Unmasked blocks keep n_block fastest so that
+// bandwidth (ncu). Unmasked blocks keep n_block fastest so that
 // the CTAs of one wave share a head's Q / dO in L2. Every order puts each KV
 // block of a head after the lower n_blocks of the same head, which the
 // deterministic mode's ordered dQ accumulation needs to be deadlock-free.
@@ -58,13 +58,12 @@ struct BwdScheduler {
     const TileCoord t = LptTileScheduler::from_linear(lin, n_blocks, heads_kv, hb_total, group);
     return {n_blocks - 1 - t.m_block, t.head, t.batch};
   }
-  // The tail group's size: enough (KV head, batch) pairs for
-  // FLASH3_BWD_TAIL_WAVES waves of CTAs. In the greedy simulation the busiest
-  // SM ends within about 1% of the average from 3 waves on for every causal
-  // issue shape.
+  // The tail group's size: enough (KV head, batch) pairs for kBwdTailWaves
+  // waves of CTAs. In the greedy simulation the busiest SM ends within about
+  // 1% of the average from 3 waves on for every causal headline shape.
   static int tail_heads(int hb_total, int n_blocks, int group, int num_sms) {
-    if (group <= 0 || FLASH3_BWD_TAIL_WAVES <= 0 || n_blocks <= 0) return 0;
-    const int tail = (FLASH3_BWD_TAIL_WAVES * num_sms + n_blocks - 1) / n_blocks;
+    if (group <= 0 || n_blocks <= 0) return 0;
+    const int tail = (kBwdTailWaves * num_sms + n_blocks - 1) / n_blocks;
     return tail < hb_total ? tail : hb_total;
   }
   // Unmasked launches: n_block fastest, then KV head, then batch; the blocks
@@ -253,7 +252,7 @@ struct BwdPostParams {
 // memory so that global memory is written in whole 16-byte row chunks: the
 // fragment layout's own 4-byte stores left half of every 32-byte sector
 // unwritten per instruction (ncu, d = 128 2k causal: 164 us at 30% of DRAM
-// bandwidth, 2026-11-30; 45 us this way; cuDNN's conversion: 53-55 us).
+// bandwidth; 45 us this way; cuDNN's conversion: 53-55 us).
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_kernel(const BwdPostParams p) {
   using Element = typename Traits::Element;

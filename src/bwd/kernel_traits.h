@@ -67,12 +67,12 @@ struct BwdTraits {
   static constexpr bool kdQSwapAB = !kSplitHdim && kBlockM % 64 != 0;
   static constexpr int kdQCols = kdQSplitM ? kHeadDim : kHeadDim / kNumMmaWG;
   static constexpr int kdQChunk = kBlockM * kHeadDim / kNumMmaWG;  // fp32 values per warpgroup and query block
-  // Wide query tiles (keys split, tile_m >= FLASH3_BWD_LEAN_SDP_MIN_TILE_M: 80
-  // at d = 128, 128 at d = 64) carry S^T and dP^T of 40-64 registers each next
+  // Wide query tiles (keys split, tile_m >= kBwdLeanSdPMinTileM: 80 at
+  // d = 128, 128 at d = 64) carry S^T and dP^T of 40-64 registers each next
   // to dK / dV: the LSE is read from shared memory inside the exp2 loop (not
   // held per column), and dS^T = P^T (dP^T - D) uses the packed 16-bit P^T that
   // G3 reads, so the fp32 S^T dies at the conversion.
-  static constexpr bool kLeanSdP = !kSplitHdim && kBlockM >= FLASH3_BWD_LEAN_SDP_MIN_TILE_M;
+  static constexpr bool kLeanSdP = !kSplitHdim && kBlockM >= kBwdLeanSdPMinTileM;
 
   static_assert(kBlockN == (kSplitHdim ? 64 : 64 * kNumMmaWG), "tile_n: 64 keys per consumer warpgroup, or 64 split");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 128, "tile_m: a multiple of 16, at most 128");
@@ -176,7 +176,7 @@ struct BwdTraits {
   // at least 16 queries wide, so the unswizzled offset is additive:
   //   ds_linear_bytes(q + 16 i, key, stage) == ds_linear_bytes(q, key, stage) + ds_linear_bytes(16 i, 0, 0)
   // (unit test), and a store costs an add of a constant and the swizzle. Without
-  // this nvcc hoisted per-store address terms and spilled them (tile_m = 80 / 128, 2026-11-30).
+  // this nvcc hoisted per-store address terms and spilled them (tile_m = 80 / 128).
   static constexpr bool kdSQueryBlockStep = !kSplitHdim;
 
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;

@@ -43,7 +43,7 @@ struct BwdMainloop {
   // and KV block n's range starts at the diagonal, so walking up from m_min
   // made KV block n spin until blocks 0..n-1 had climbed to its diagonal
   // (causal: about m_min(n) idle iterations per CTA, 30-40% of the
-  // deterministic causal time, 2026-11-30). Top down, every KV block of a head
+  // deterministic causal time). Top down, every KV block of a head
   // reaches block m at the same time, and the wait targets (lower n, launched
   // earlier) still make deadlock impossible. The default mode keeps the
   // ascending walk, which staggers the CTAs' reduce-adds over different query
@@ -180,7 +180,7 @@ struct BwdMainloop {
   // Hands this warpgroup's dQ chunk to the store warp: fragment order, 16-byte
   // stores (a warp writes 512 contiguous bytes per instruction: no bank conflicts).
   // (Deferring the fence until after G5's wait, so the stores land meanwhile,
-  // measured no change on 2026-11-30.)
+  // measured no change.)
   template <class TensordQ>
   CUTLASS_DEVICE static void stage_dq(SharedStorage& ss, TensordQ const& tdQrdQ, int wg, int t128) {
     float* sdq_chunk = ss.smem_dq.data() + wg * Traits::kdQChunk;
@@ -244,7 +244,7 @@ struct BwdMainloop {
   // view). D is read from shared memory here, a column pair at a time, instead
   // of being held in registers from G2's issue on: at this point dK, dV, P^T
   // (in flight for G3), S^T and dP^T are all live, and those kNCols registers
-  // were what spilled (d = 128: 16 B -> 0, +3-6% measured 2026-11-30).
+  // were what spilled (d = 128: 16 B -> 0, +3-6% measured).
   template <class TP, class dPFrag, class TC>
   CUTLASS_DEVICE static void ds_from_p(TP const& p, dPFrag& tdPrdP, const float* dpsum_smem, TC const& c_rc) {
     Tensor dp = make_tensor(tdPrdP.data(), acc_rowcol(tdPrdP.layout()));
@@ -275,7 +275,7 @@ struct BwdMainloop {
   // 32-bit register, unpacked here with a shift / mask (bf16) or one
   // conversion (fp16). Converting element by element made nvcc split every
   // pair into two registers first (PRMT), 20 more live registers and spills
-  // at tile_m = 80 (2026-11-30).
+  // at tile_m = 80.
   template <class TP, class dPFrag, class TC>
   CUTLASS_DEVICE static void ds_from_packed_p(TP const& rP, dPFrag& tdPrdP, const float* dpsum_smem, TC const& tScS) {
     static_assert(decltype(size(rP))::value % 2 == 0 && decltype(size<0, 0>(rP))::value == 2);
@@ -517,7 +517,7 @@ struct BwdMainloop {
   // x (queries 16i + 0 / + 8) of the m64nN accumulator, so no shuffling.
   // Explicit 32-bit shared addresses: indexing the swizzled smem tensor made
   // nvcc build 64-bit generic addresses (ST.E, IMAD.X chains and spills in the
-  // d = 128 loop's SASS, 2026-11-30).
+  // d = 128 loop's SASS).
   template <class TensorR, class TensorC>
   CUTLASS_DEVICE static void store_pairs(TensorR const& r, TensorC const& tScS, uint32_t smem_base, int stage) {
     static_assert(decltype(size<0, 0>(r))::value == 2 && decltype(size<0, 1>(r))::value == 2);

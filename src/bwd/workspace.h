@@ -44,18 +44,18 @@ constexpr int kBwdSplitMaxWaves = 3;
 inline BwdSplitPlan bwd_split_plan(int tiles, int num_sms, int m_blocks, int heads_per_kv) {
   BwdSplitPlan plan;
   plan.first = tiles;
-  const double fixed = FLASH3_BWD_SPLIT_FIXED_ITERS, slot = FLASH3_BWD_SPLIT_SLOT_ITERS;
-  if (fixed < 0 || tiles <= 0 || num_sms <= 0 || m_blocks < 2 || heads_per_kv < 1) return plan;
+  const double fixed = kBwdSplitFixedIters, slot = kBwdSplitSlotIters;
+  if (tiles <= 0 || num_sms <= 0 || m_blocks < 2 || heads_per_kv < 1) return plan;
   const int rem = tiles % num_sms;
   if (rem == 0) return plan;
   // A split launch's whole blocks pay the fp32 staging too.
-  const double staging = double(FLASH3_BWD_SPLIT_STAGING_ITERS) * (tiles / num_sms);
+  const double staging = kBwdSplitStagingIters * (tiles / num_sms);
   double best = double(heads_per_kv) * m_blocks + fixed;
   for (int k = 2; k <= m_blocks && rem * k <= kBwdSplitMaxWaves * num_sms; ++k) {
     const int waves = (rem * k + num_sms - 1) / num_sms;
     const double cost =
         waves * (double(heads_per_kv) * ((m_blocks + k - 1) / k) + fixed) + (k - 1) * slot + staging;
-    if (FLASH3_BWD_SPLIT_PIECES > 0 ? k == FLASH3_BWD_SPLIT_PIECES : cost < best) {
+    if (cost < best) {
       best = cost;
       plan.pieces = k;
     }
@@ -106,7 +106,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(int batch, int heads_q, int seqle
 // most KV blocks never visit it. d = 128 (80-row blocks) at 4096 queries: the
 // last block held 16 real rows and every KV block paid a whole iteration for
 // it; front-padded, a causal 4k backward runs 858 instead of 883 iterations
-// per head (measured +0.9 / +1.0% at 4k / 8k causal, 2026-11-30). Unmasked
+// per head (measured +0.9 / +1.0% at 4k / 8k causal). Unmasked
 // launches visit every block from every KV block either way and keep shift 0.
 inline int bwd_row_shift(const BwdWorkspaceLayout& w, int seqlen_q, bool causal_or_local) {
   return causal_or_local ? w.seqlen_q_pad - seqlen_q : 0;

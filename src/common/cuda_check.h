@@ -9,18 +9,28 @@
 
 namespace flash3 {
 
+// gridDim.y / gridDim.z limit.
+constexpr int kMaxGridYZ = 65535;
+
 inline Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();
   return Status::Cuda(std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
-// After a kernel launch: reports launch-configuration errors (too much smem,
-// bad grid) without synchronising.
-inline Status check_last_launch(const char* what) { return cuda_status(cudaGetLastError(), what); }
+// A runtime call's own result as a Status. Only the call's return value is
+// looked at, never cudaGetLastError(), which would also report an error left
+// pending by the caller's earlier work. A failed call has set the runtime's
+// last-error state too: it is consumed, so that flash3 leaves no error of its
+// own pending (a sticky error stays, as it must).
+inline Status cuda_call(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  (void)cudaGetLastError();
+  return cuda_status(e, what);
+}
 
 #define FLASH3_CUDA_TRY(expr)                                              \
   do {                                                                     \
-    ::flash3::Status _s = ::flash3::cuda_status((expr), #expr);            \
+    ::flash3::Status _s = ::flash3::cuda_call((expr), #expr);              \
     if (!_s.ok()) return _s;                                               \
   } while (0)
 

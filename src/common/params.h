@@ -8,27 +8,6 @@
 
 namespace flash3 {
 
-// Forward schedule ablation (only honoured in -DFLASH3_ABLATION=ON builds, bf16 d=128 / d=64):
-// the FLASH3_FWD_SCHEDULE environment variable picks it (see docs/performance.md).
-enum class FwdSchedule : int {
-  kDefault = 0,
-  kNoPingpong = 1,
-  kNoOverlap = 2,
-  kNeither = 3,
-  kTileN128 = 4,  // tile_n override (unmasked problems)
-  kTileN144 = 5,
-  kTileN160 = 6,
-  kTileN192 = 7,
-  // bf16 d=64 variants
-  kD64Stages3 = 8,
-  kD64NoPingpong = 9,
-  kD64TwoWarpgroups = 10,  // the 2-warpgroup tiles (default before 2026-11-30): 128x192 unmasked, 128x128 causal
-  kD64CausalTileN192 = 11,
-  // Every build: causal/local tile order (default: grouped longest-first).
-  kNoLpt = 12,      // plain m_block-fastest order
-  kLptGlobal = 13,  // longest first over all heads at once
-};
-
 struct FwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -56,8 +35,6 @@ struct FwdParams {
   bool is_local = false;
   int window_left = -1;   // -1: unbounded (only meaningful with is_local)
   int window_right = -1;
-
-  FwdSchedule schedule = FwdSchedule::kDefault;
 };
 
 // Lowers validated args. Only call after validate_forward() succeeded.
@@ -94,7 +71,12 @@ struct BwdParams : FwdParams {
 
 // Lowers validated args (workspace left null; the caller provides it).
 BwdParams make_bwd_params(const BackwardArgs& args);
-// The mask flags and window of `opts`, normalised as make_fwd_params does.
-void apply_mask_options(const AttentionOptions& opts, FwdParams* p);
+// The mask of `opts` for a problem of seqlen_q x seqlen_k, normalised by
+// FlashAttention-3's rules (flash3.h): negative sides unbounded, sides that
+// cut nothing (left >= seqlen_k - 1, right >= seqlen_q - 1) unbounded, causal
+// sets right = 0. Afterwards window_left < seqlen_k and window_right <
+// seqlen_q, so the kernels' int32 mask arithmetic cannot overflow (seqlen_q +
+// seqlen_k is bounded by validation). Sets is_causal, is_local and the window.
+void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p);
 
 }  // namespace flash3

@@ -23,8 +23,8 @@ template <class Traits, class Scheduler>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params, int* tile_counter) {
   // tile_counter: DynamicLptTileScheduler's claim counter (zeroed before the
-  // launch), null otherwise. A separate argument, not a Params field, so the
-  // other kernels' parameter layout (and code) stays as it was.
+  // launch), null otherwise. A separate argument, not a Params field: a larger
+  // Params changed the code ptxas generates for the other kernels.
   using SharedStorage = typename Traits::SharedStorage;
   using MainloopPipeline = typename Traits::MainloopPipeline;
   using PipelineState = typename Traits::PipelineState;
@@ -136,9 +136,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     } else if (kDynamic && warp_idx == 1 && lane == 0) {
       // Tile n + 1 is claimed when the TMA thread has issued tile n's last
       // loads, about two KV blocks before the consumers finish tile n: the
-      // tile goes to the CTA about to be free. (Claiming as soon as a slot was
-      // free, a whole tile ahead, handed it to the CTA that had started first;
-      // d = 128 16k causal ran 6% more cycles at lower SM throughput, ncu.)
+      // tile goes to the CTA about to be free. (Claiming a whole tile ahead, as
+      // soon as a slot is free, hands it to the CTA that started first: d = 128
+      // 16k causal ran 6% more cycles at lower SM throughput, ncu.)
       int linear = first;
       for (int n = 0;; ++n) {
         publish_tile(n, linear);
@@ -175,11 +175,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         ss.tile_empty[n & 1].arrive();  // slot n % 2 may take tile n + 2
       }
     } else {
-      // (Kept exactly as it was before the dynamic loop was added. A first
-      // version shared one loop body between the two, routed the tile order
-      // through a linear-index helper and grew Params: the spill-bound d = 64
-      // causal kernel then compiled differently and measured 3-5% slower. With
-      // the three undone, its PTX is unchanged.)
+      // Kept separate from the dynamic loop: sharing one body (together with
+      // routing the tile order through LptTileScheduler::from_linear and a
+      // larger Params) made ptxas compile the spill-bound d = 64 causal
+      // kernel differently, 3-5% slower.
       for (int linear = first; linear < count; linear += stride) {
         const TileCoord tile = tile_at(linear);
         const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);

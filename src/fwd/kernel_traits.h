@@ -32,10 +32,8 @@ struct FwdTraits {
   static constexpr int kNumThreads = kNumMmaThreads + 128;  // + one producer warpgroup
   static constexpr bool kIntraWGOverlap = kCfg.intra_wg_overlap;
   static constexpr bool kPingpong = kCfg.pingpong && kNumMmaWG >= 2;
-  static constexpr int kExp2EmuEvery = kCfg.exp2_emu_every;
   static constexpr int kRescaleSlack = kCfg.rescale_slack;
   static constexpr bool kPersistent = kCfg.persistent;
-  static constexpr bool kQInRegs = kCfg.q_in_regs;
   // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,
   // so ALU writes to the large O accumulator never race the WGMMA (seed 4.5).
   static constexpr bool kRescaleOBeforeGemm = kHeadDimV > 128 && kIntraWGOverlap;
@@ -51,12 +49,8 @@ struct FwdTraits {
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
   using AtomLayout = Layout<Shape<Int<kNumMmaWG>, _1, _1>>;
-  using TiledMmaQK = std::conditional_t<
-      kQInRegs,
-      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
-                              AtomLayout{})),
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
-                              AtomLayout{}))>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
   // B = V read MN-major through a transposed view of the K-major V tile: a
   // descriptor reinterpretation legal for 16-bit WGMMA, no data movement.
   using TiledMmaPV = decltype(make_tiled_mma(

@@ -5,7 +5,7 @@
 //   issue S(j) = Q K(j)^T   | issue O += P(j+1) V(j+1)   (both async)
 //   wait S -> release K(j)  | mask + softmax S(j) while the PV GEMM runs
 //   wait PV -> release V(j+1), P(j) = convert(S(j)), rescale O (skipped by
-//   warps whose row maxima did not grow: FLASH3_FWD_RESCALE_SLACK).
+//   warps whose row maxima did not grow: kFwdRescaleSlack).
 // The first block is a "half block" (GEMM0 + softmax only) and the last PV is a
 // separate half block; the blocks that need a mask are peeled off so the
 // steady-state loop evaluates no mask at all.
@@ -169,12 +169,6 @@ struct FwdMainloop {
 
     clear(tOrO);
     ss.barrier_q.wait(q_phase);
-    if constexpr (Traits::kQInRegs) {
-      // Register-sourced QK^T: this warpgroup's 64 Q rows, once per tile.
-      auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, tiled_mma_qk);
-      auto thr_copy_q = copy_q.get_thread_slice(thread_idx);
-      cute::copy(copy_q, thr_copy_q.partition_S(sQ), thr_copy_q.retile_D(tSrQ));
-    }
 
     int n_block = range.n_max - 1;
 
@@ -189,7 +183,7 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read);
       mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, params, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
-      softmax.template step<true, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
+      softmax.template step<true, Traits::kRescaleSlack>(s, row_scale);
       if constexpr (Traits::kIntraWGOverlap) {
         to_p(tSrS);
       } else {
@@ -222,7 +216,7 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        rescale = softmax.template step<false, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
+        rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
         pipeline_v.consumer_release(read_v);
         to_p(tSrS);
@@ -240,7 +234,7 @@ struct FwdMainloop {
         pipeline_k.consumer_release(read);
         mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
         Tensor s = rowcol(tSrS);
-        rescale = softmax.template step<false, Traits::kExp2EmuEvery, Traits::kRescaleSlack>(s, row_scale);
+        rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         Tensor o = rowcol(tOrO);
         if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         to_p(tSrS);

@@ -11,6 +11,7 @@
 #include "common/cuda_check.h"
 #include "common/params.h"
 #include "launch/dispatch.h"
+#include "launch/launch_kernel.cuh"
 
 namespace flash3 {
 
@@ -19,8 +20,7 @@ namespace flash3 {
 // fit in a share of the 50 MB L2 together. Two groups are in flight at a group
 // boundary, so the share is a third of L2.
 inline int bwd_tile_group(const BwdParams& p, int elem_bytes) {
-  constexpr double kL2Share = double(FLASH3_BWD_L2_SHARE_MB) * 1024 * 1024;
-  if (kL2Share <= 0) return 0;
+  constexpr double kL2Share = double(kBwdL2ShareMB) * 1024 * 1024;
   const double per_q_head = double(p.seqlen_q > 0 ? p.seqlen_q : 1) *
                             (p.head_dim * (4.0 + elem_bytes) + p.head_dim_v * double(elem_bytes) + 8.0);
   const int g = int(kL2Share / (per_q_head * (p.heads_q / p.heads_kv)));
@@ -56,6 +56,10 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const Bw
                                 Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
   kp.tma_load_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutV{},
                                 Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{});
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_q, "q"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_do, "dout"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_k, "k"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_v, "v"));
   kp.shape_q = shape_q;
   kp.shape_do = shape_do;
   kp.shape_k = shape_k;
@@ -99,15 +103,15 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const Bw
 
   constexpr int smem = Traits::kSmemBytes;
   const dim3 grid = BwdScheduler::grid(kLpt, num_n_blocks, p.heads_kv, p.batch, split);
-  auto launch = [&](auto kernel) -> Status {
-    FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp);
-    return check_last_launch("flash3 backward kernel launch");
-  };
+  constexpr const char* kWhat = "flash3 backward kernel launch";
   if constexpr (!kLpt) {
-    if (split.pieces > 1) return launch(flash_bwd_kernel<Traits, false, true>);
+    if (split.pieces > 1) {
+      return launch_kernel_smem<&flash_bwd_kernel<Traits, false, true>>(kWhat, grid, dim3(Traits::kNumThreads), smem,
+                                                                       stream, kp);
+    }
   }
-  return launch(flash_bwd_kernel<Traits, kLpt, false>);
+  return launch_kernel_smem<&flash_bwd_kernel<Traits, kLpt, false>>(kWhat, grid, dim3(Traits::kNumThreads), smem,
+                                                                   stream, kp);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
@@ -115,6 +119,11 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
   using Traits =
       BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask>;
   constexpr int kBlockM = Traits::kBlockM;
+  // Causal/local launches put the KV blocks in gridDim.y (BwdScheduler::grid).
+  if (kCausalOrLocal && (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN > kMaxGridYZ)
+    return Status::NotSupported("causal or local backward with seqlen_k " + std::to_string(p.seqlen_k) + " > " +
+                                std::to_string(int64_t(kMaxGridYZ) * Traits::kBlockN) +
+                                " for this head dim (65535 KV blocks in gridDim.y)");
   BwdSplitPlan split;
   const BwdWorkspaceLayout w = bwd_workspace_for(p, kBlockM, Traits::kBlockN, &split);
   const int row_shift = bwd_row_shift(w, p.seqlen_q, kCausalOrLocal);
@@ -148,9 +157,9 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     pp.seqlen_q_pad = w.seqlen_q_pad;
     pp.head_dim = p.head_dim;
     pp.row_shift = row_shift;
-    flash_bwd_preprocess_kernel<Element, kHeadDimV, kBlockM>
-        <<<dim3(w.num_m_blocks, p.heads_q, p.batch), kBlockM * 4, 0, stream>>>(pp);
-    FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward preprocess launch"));
+    FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 backward preprocess launch",
+                                         flash_bwd_preprocess_kernel<Element, kHeadDimV, kBlockM>,
+                                         dim3(w.num_m_blocks, p.heads_q, p.batch), dim3(kBlockM * 4), 0, stream, pp));
   }
   if (p.seqlen_k > 0) {
     FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, split, row_shift, stream)));
@@ -167,9 +176,9 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     pp.num_m_blocks = w.num_m_blocks;
     pp.row_shift = row_shift;
     pp.softmax_scale = p.softmax_scale;
-    flash_bwd_postprocess_kernel<Traits>
-        <<<dim3(w.num_m_blocks, p.heads_q, p.batch), Traits::kNumMmaThreads, 0, stream>>>(pp);
-    FLASH3_RETURN_IF_ERROR(check_last_launch("flash3 backward postprocess launch"));
+    FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 backward postprocess launch", flash_bwd_postprocess_kernel<Traits>,
+                                         dim3(w.num_m_blocks, p.heads_q, p.batch), dim3(Traits::kNumMmaThreads), 0,
+                                         stream, pp));
   }
   return Status::Ok();
 }

@@ -3,6 +3,8 @@
 // mask variant (none / causal / local) is chosen inside run_fwd.
 #include "launch/dispatch.h"
 
+#include <algorithm>
+
 #include <cutlass/numeric_types.h>
 
 #include "bwd/workspace.h"
@@ -88,17 +90,24 @@ size_t backward_workspace_bytes(const BwdParams& p) {
 }
 
 size_t backward_workspace_bytes_bound(const BwdParams& p) {
-  const BwdTileConfig cfg = bwd_config_of(p);
-  BwdSplitPlan worst;  // the most any plan can use: tiles % SMs < SMs blocks, 3 waves of pieces
-  int num_sms = 0;
-  if (!(p.is_causal || p.is_local) && current_sm_count(&num_sms).ok()) {
-    worst.tiles = num_sms;
-    worst.pieces = kBwdSplitMaxWaves;
+  // The mask is not known to callers that size scratch from q alone: the
+  // larger of the masked and the unmasked tile configs, the latter with the
+  // most any split plan can use (tiles % SMs < SMs blocks, 3 waves of pieces).
+  size_t bytes = 0;
+  for (bool masked : {false, true}) {
+    const BwdTileConfig cfg =
+        bwd_tile_config(p.head_dim, p.head_dim_v, masked, bwd_short_tile(p.head_dim, p.seqlen_q));
+    BwdSplitPlan worst;
+    int num_sms = 0;
+    if (!masked && current_sm_count(&num_sms).ok()) {
+      worst.tiles = num_sms;
+      worst.pieces = kBwdSplitMaxWaves;
+    }
+    bytes = std::max(bytes, bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, cfg.tile_m, worst,
+                                                 size_t(cfg.tile_n) * (p.head_dim + p.head_dim_v))
+                                .bytes);
   }
-  return bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim, cfg.tile_m, worst,
-                              size_t(cfg.tile_n) * (p.head_dim + p.head_dim_v))
-      .bytes;
+  return bytes;
 }
 
 }  // namespace flash3
-

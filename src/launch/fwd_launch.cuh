@@ -3,6 +3,7 @@
 // Instantiated once per manifest row (build/generated/fwd_*.cu).
 #pragma once
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -11,17 +12,21 @@
 #include "common/cuda_check.h"
 #include "common/params.h"
 #include "fwd/kernel.h"
+#include "launch/launch_kernel.cuh"
 
 namespace flash3 {
 
 // Causal/local tile order (LptTileScheduler). Measured on H200, bf16 causal
-// (docs/performance.md, "tile order"): for d <= 128 longest-first in groups of
-// heads whose K/V fit in a share of L2 together beats the global order at
-// 2k-8k (d=128 2k: 504 vs 437 TFLOP/s) and ties at 16k; for d > 128 the global
-// longest-first order wins everywhere (d=256 8k: 717 vs 655).
-inline int fwd_tile_order(const FwdParams& p, int d, int dv, int elem_bytes) {
-  if (p.schedule == FwdSchedule::kNoLpt) return -1;
-  if (p.schedule == FwdSchedule::kLptGlobal || d > 128) return 0;
+// (docs/performance.md, "Causal forward tile order"): for d <= 128
+// longest-first in groups of heads whose K/V fit in a share of L2 together
+// beats the global order at 2k-8k (d=128 2k: 504 vs 437 TFLOP/s) and ties at
+// 16k; for d > 128 the global longest-first order wins everywhere (d=256 8k:
+// 717 vs 655). The longest-first
+// grids put the query blocks in gridDim.y: beyond its 65535 limit the plain
+// order (query blocks in gridDim.x) runs instead.
+inline int fwd_tile_order(const FwdParams& p, int num_m_blocks, int d, int dv, int elem_bytes) {
+  if (num_m_blocks > kMaxGridYZ) return -1;
+  if (d > 128) return 0;
   constexpr double kL2Share = 24.0 * 1024 * 1024;  // of the H100/H200's 50 MB L2
   const double kv_bytes = double(p.seqlen_k > 0 ? p.seqlen_k : 1) * (d + dv) * elem_bytes;
   const int g = int(kL2Share / kv_bytes);
@@ -56,6 +61,10 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
                                 Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{});
   kp.tma_store_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{},
                                  Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{}, _1{});
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_q, "q"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_k, "k"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_load_v, "v"));
+  FLASH3_RETURN_IF_ERROR(check_tma_descriptor(kp.tma_store_o, "out"));
   kp.shape_q = shape_q;
   kp.shape_k = shape_k;
   kp.shape_v = shape_v;
@@ -70,10 +79,9 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   kp.softmax_scale = p.softmax_scale;
   kp.softmax_scale_log2 = p.softmax_scale_log2;
 
-  auto kernel = flash_fwd_kernel<Traits, Scheduler>;
+  constexpr auto kernel = &flash_fwd_kernel<Traits, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
-  FLASH3_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kp.tile_order = fwd_tile_order(p, Traits::kHeadDim, Traits::kHeadDimV, sizeof(Element));
+  kp.tile_order = fwd_tile_order(p, kp.num_m_blocks, Traits::kHeadDim, Traits::kHeadDimV, sizeof(Element));
   kp.batch = p.batch;
   dim3 grid;
   if constexpr (Traits::kPersistent) {
@@ -89,38 +97,17 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
     // CUDA graphs, unlike a shared counter that the kernel resets itself).
     int* tile_counter = nullptr;
     FLASH3_CUDA_TRY(cudaMallocAsync(&tile_counter, sizeof(int), stream));
-    Status s = cuda_status(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)");
+    Status s = cuda_call(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)");
     if (s.ok()) {
-      kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp, tile_counter);
-      s = check_last_launch("flash3 forward kernel launch");
+      s = launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
+                                     kp, tile_counter);
     }
-    Status freed = cuda_status(cudaFreeAsync(tile_counter, stream), "cudaFreeAsync(tile counter)");
+    Status freed = cuda_call(cudaFreeAsync(tile_counter, stream), "cudaFreeAsync(tile counter)");
     return s.ok() ? freed : s;
   }
-  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(kp, nullptr);
-  return check_last_launch("flash3 forward kernel launch");
+  return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
+                                    kp, static_cast<int*>(nullptr));
 }
-
-// Ablation configs (docs/performance.md): the default tile config with the
-// intra-warpgroup overlap and/or pingpong switched off, or another tile_n.
-// Built only with -DFLASH3_ABLATION=ON, for bf16 d=128 (src/launch/fwd_ablation*.cu),
-// and chosen by FwdParams::schedule.
-template <class Base, bool kOverlap, bool kPingpong, int kTileN = 0, int kStages = 0>
-struct AblatedFwdConfig {
-  static constexpr FwdTileConfig make() {
-    FwdTileConfig c = Base::value;
-    c.intra_wg_overlap = kOverlap;
-    c.pingpong = kPingpong;
-    if (kTileN > 0) c.tile_n = kTileN;
-    if (kStages > 0) c.num_stages = kStages;
-    c.persistent = false;  // the ablations were measured with one tile per CTA
-    return c;
-  }
-  static constexpr FwdTileConfig value = make();
-};
-
-// Defined in fwd_ablation*.cu (ablation builds) or fwd_ablation_stub.cu.
-Status run_fwd_ablation(const FwdParams& p, cudaStream_t stream);
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal,
           bool kShortCausal = false>
@@ -135,16 +122,20 @@ Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.schedule != FwdSchedule::kDefault && p.schedule != FwdSchedule::kNoLpt && p.schedule != FwdSchedule::kLptGlobal)
-    return run_fwd_ablation(p, stream);
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) {
+    // Head dims whose causal problems all take the short-causal kernel
+    // (fwd_short_causal: d <= 64) do not instantiate the other one.
+    constexpr bool kAlwaysShort = fwd_short_causal(kHeadDim, std::numeric_limits<int>::max());
+    static_assert(!kAlwaysShort || fwd_has_short_causal(kHeadDim, kHeadDimV), "short-causal kernel missing");
     if constexpr (fwd_has_short_causal(kHeadDim, kHeadDimV)) {
-      if (fwd_short_causal(kHeadDim, p.seqlen_k) && p.schedule == FwdSchedule::kDefault) {
+      if (kAlwaysShort || fwd_short_causal(kHeadDim, p.seqlen_k)) {
         return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true, true>(p, stream);
       }
     }
-    return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+    if constexpr (!kAlwaysShort) {
+      return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+    }
   }
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
 }

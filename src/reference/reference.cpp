@@ -54,7 +54,7 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 double scale_of(const Problem& p, const Options& o) {
-  return o.softmax_scale > 0 ? o.softmax_scale : 1.0 / std::sqrt(double(p.head_dim));
+  return std::isnan(o.softmax_scale) ? 1.0 / std::sqrt(double(p.head_dim)) : o.softmax_scale;
 }
 
 // Range of visible keys [lo, hi) for query i: the mask is an interval.

@@ -9,12 +9,16 @@
 // Masking follows flash3::AttentionOptions: causal / window aligned bottom-right
 // (query i of a sequence sees key j iff
 //   j >= i + sk - sq - window_left (when window_left >= 0) and
-//   j <= i + sk - sq + window_right (when window_right >= 0)), causal == (-1, 0).
+//   j <= i + sk - sq + window_right (when window_right >= 0)); causal sets
+// window_right = 0 and keeps window_left. Evaluated in int64 exactly as written:
+// a window larger than the sequence is unbounded because it cuts nothing, not
+// by a rule.
 // Fully masked rows: out = 0, lse = -inf, and they contribute no gradient.
 // GQA/MQA: query head h uses kv head h / (hq / hkv).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace flash3::ref {
@@ -42,7 +46,8 @@ struct Problem {
 };
 
 struct Options {
-  double softmax_scale = 0.0;  // <= 0: 1/sqrt(head_dim)
+  // NaN: 1/sqrt(head_dim); any other value is used as given.
+  double softmax_scale = std::numeric_limits<double>::quiet_NaN();
   bool causal = false;
   int window_left = -1, window_right = -1;
   double softcap = 0.0;  // 0: off; else s -> softcap * tanh(s / softcap) (after scaling)

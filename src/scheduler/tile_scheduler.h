@@ -44,9 +44,8 @@ struct LptTileScheduler {
     return dim3(heads * batch, num_m_blocks, 1);
   }
   // (Written out from the block indices, not through from_linear: the d = 64
-  // causal kernel is spill-bound at 160 registers, and a version that took
-  // that detour, with two other small changes, compiled differently and
-  // measured 3-5% slower at 4k-16k; see src/fwd/kernel.h.)
+  // causal kernel is spill-bound at 160 registers, and that detour was part of
+  // what made it compile differently, 3-5% slower at 4k-16k; src/fwd/kernel.h.)
   CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, int order) {
     if (order < 0) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
     const int hb_total = int(gridDim.x);

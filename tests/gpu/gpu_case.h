@@ -4,21 +4,25 @@
 // the tolerance-rule verdict with a readable report.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "flash3/flash3.h"
+#include "gpu_helpers.cuh"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
 
@@ -124,6 +128,161 @@ void fill_matrix_case(Case* c, const MatrixParam& mp, const char* prefix) {
      << "_sk" << sl.sk << "_" << heads_name(heads) << "_b" << batch;
   c->name = os.str();
   c->seed = fnv1a(c->name);
+}
+
+// ---------------------------------------------------------------------------
+// Windows beyond the sequence and the causal / window interplay (FlashAttention's
+// rules): a negative side is unbounded; window_left >= sk - 1 and window_right >=
+// sq - 1 never cut a key; causal forces window_right = 0 and keeps window_left.
+// Shared by the forward and backward suites; the references evaluate each case
+// from the definition (int64 per element).
+// ---------------------------------------------------------------------------
+constexpr int kIntMax = std::numeric_limits<int>::max();
+constexpr int kIntMin = std::numeric_limits<int>::min();
+
+struct WindowSpec {
+  const char* name;
+  int sq, sk;
+  bool causal;
+  int wl, wr;
+};
+
+inline std::vector<WindowSpec> large_window_specs() {
+  return {
+      {"right_intmax", 1024, 1024, false, -1, kIntMax},
+      {"left_intmax", 1024, 1024, false, kIntMax, -1},
+      {"left_intmax_right0_sq2048_sk512", 2048, 512, false, kIntMax, 0},
+      {"left_intmax_right0_sq512_sk2048", 512, 2048, false, kIntMax, 0},
+      {"both_intmax_sq1000_sk3000", 1000, 3000, false, kIntMax, kIntMax},
+      {"left100_right_intmax", 1024, 1024, false, 100, kIntMax},
+      {"left_intmax_right100_sq700_sk300", 700, 300, false, kIntMax, 100},
+      {"negative_sides_intmin_m2", 700, 900, false, kIntMin, -2},
+      // Boundaries of the unbounded rule: sk - 1 / sq - 1 cut nothing, one less
+      // cuts one key of one row.
+      {"left_sk_minus_1_sq300_sk1000", 300, 1000, false, 999, 0},
+      {"left_sk_minus_2_sq300_sk1000", 300, 1000, false, 998, 0},
+      {"right_sq_minus_1_sq1000_sk300", 1000, 300, false, 0, 999},
+      {"right_sq_minus_2_sq1000_sk300", 1000, 300, false, 0, 998},
+      // Causal: window_right is ignored (any value), window_left is kept (local).
+      {"causal_right7", 1000, 1000, true, -1, 7},
+      {"causal_right_intmax_sq700_sk1300", 700, 1300, true, -1, kIntMax},
+      {"causal_left100", 1000, 1000, true, 100, -1},
+      {"causal_left100_right50_sq300_sk1000", 300, 1000, true, 100, 50},
+      {"causal_left37_sq1000_sk300", 1000, 300, true, 37, -1},
+      {"causal_left_intmax_right_intmax", 1024, 1024, true, kIntMax, kIntMax},
+  };
+}
+
+// Random windows as FlashAttention's tests draw them: left and right uniform in
+// [0, sk), per case (seeded by the case name), in four kinds.
+enum class WindowKind { kLocal, kCausalLocal, kBeyondSequence, kOneSided };
+inline const char* window_kind_name(WindowKind k) {
+  switch (k) {
+    case WindowKind::kLocal: return "local";
+    case WindowKind::kCausalLocal: return "causal_local";
+    case WindowKind::kBeyondSequence: return "beyond_sequence";
+    case WindowKind::kOneSided: return "one_sided";
+  }
+  return "?";
+}
+inline constexpr WindowKind kWindowKinds[] = {WindowKind::kLocal, WindowKind::kCausalLocal,
+                                               WindowKind::kBeyondSequence, WindowKind::kOneSided};
+
+// Case: any struct with causal, wl, wr.
+template <class Case>
+void draw_window(Case* c, WindowKind kind, int sq, int sk, uint64_t seed) {
+  auto uniform = [&](uint64_t salt, int64_t n) {  // [0, n)
+    return int(tu::splitmix64(seed ^ salt) % uint64_t(std::max<int64_t>(n, 1)));
+  };
+  const int left = uniform(0x1ef7, sk), right = uniform(0x7197, sk);
+  c->causal = false;
+  switch (kind) {
+    case WindowKind::kLocal:
+      c->wl = left, c->wr = right;
+      break;
+    case WindowKind::kCausalLocal:  // right is drawn too: causal must ignore it
+      c->causal = true;
+      c->wl = left, c->wr = right;
+      break;
+    case WindowKind::kBeyondSequence: {  // one side past the sequence (up to 2^31 - 1), the other drawn
+      const int far_left = seed % 3 == 0 ? kIntMax : sk + uniform(0xb1, 4 * int64_t(sk) + 1);
+      const int far_right = seed % 3 == 1 ? kIntMax : sq + uniform(0xb2, 4 * int64_t(sq) + 1);
+      if (seed & 2) c->wl = far_left, c->wr = right;
+      else c->wl = left, c->wr = far_right;
+      break;
+    }
+    case WindowKind::kOneSided:
+      c->wl = (seed & 1) ? left : -1;
+      c->wr = (seed & 1) ? -1 : right;
+      break;
+  }
+}
+
+// FlashAttention's seqlen pairs for the random windows: decode-like (one and
+// three keys, and the reverse), odd unequal lengths, and long ones.
+inline constexpr Seqlens kRandomWindowSeqlens[] = {{239, 1},    {799, 3},     {3, 799},     {113, 203},
+                                                  {384, 256},  {640, 128},   {1023, 1024}, {4224, 4224}};
+
+// ---------------------------------------------------------------------------
+// Built variants from the manifest's list (FLASH3_VARIANTS_FILE).
+// ---------------------------------------------------------------------------
+// The distinct (head_dim, head_dim_v) pairs with a `pass` ("fwd" / "bwd") kernel
+// in this build, in the file's order; *found tells whether the file was read.
+inline std::vector<HeadDims> built_head_dims(const char* pass, bool* found = nullptr) {
+  const std::vector<tu::Variant> vars = tu::read_variants(tu::variants_path(FLASH3_VARIANTS_FILE), found);
+  std::vector<HeadDims> out;
+  for (const tu::Variant& v : vars) {
+    if (v.pass != pass) continue;
+    bool seen = false;
+    for (const HeadDims& h : out) seen |= h.d == v.d && h.dv == v.dv;
+    if (!seen) out.push_back({v.d, v.dv});
+  }
+  return out;
+}
+
+inline std::string head_dims_name(HeadDims h) { return "d" + std::to_string(h.d) + "x" + std::to_string(h.dv); }
+
+inline std::string head_dims_param_name(const ::testing::TestParamInfo<HeadDims>& info) {
+  return head_dims_name(info.param);
+}
+
+using RandomWindowParam = std::tuple<HeadDims, Seqlens>;
+
+// Case: any struct of the forward / backward suites. Batch 9 (strided) where the
+// problem is small, 1 from 1023 x 1024 on.
+template <class Case>
+std::vector<Case> random_window_cases(const RandomWindowParam& rp, DType dt, const char* prefix) {
+  const auto& [h, sl] = rp;
+  std::vector<Case> out;
+  for (WindowKind kind : kWindowKinds) {
+    Case c;
+    c.dtype = dt, c.d = h.d, c.dv = h.dv, c.sq = sl.sq, c.sk = sl.sk;
+    const bool big = int64_t(sl.sq) * sl.sk > (int64_t(1) << 18);
+    c.batch = big ? 1 : 9;
+    c.hq = big ? 4 : 6, c.hkv = 2;
+    c.layout = big ? Layout::kContiguous : Layout::kPadded;
+    c.name = std::string(prefix) + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_sq" + std::to_string(sl.sq) +
+             "_sk" + std::to_string(sl.sk) + "_" + window_kind_name(kind);
+    c.seed = fnv1a(c.name);
+    draw_window(&c, kind, c.sq, c.sk, c.seed);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// bf16 for even seqlen pairs, fp16 for odd ones (the other where not built).
+inline DType random_window_dtype(Seqlens sl) {
+  int i = 0;
+  for (const Seqlens& x : kRandomWindowSeqlens) {
+    if (x.sq == sl.sq && x.sk == sl.sk) break;
+    ++i;
+  }
+  return i % 2 == 0 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+inline std::string random_window_name(const ::testing::TestParamInfo<RandomWindowParam>& info) {
+  const auto& [h, sl] = info.param;
+  return head_dims_name(h) + "_sq" + std::to_string(sl.sq) + "_sk" + std::to_string(sl.sk);
 }
 
 // FLASH3_GPU_TESTS_QUICK=1: the matrices leave out their (4096, 4096) cases.
@@ -274,6 +433,90 @@ Verdict judge(const char* what, const std::vector<double>& ours, const std::vect
     os << "; worst at " << where(worst) << ": ours=" << ours[worst] << " ref=" << ref[worst] << " lowp=" << low[worst];
   v.text = os.str();
   return v;
+}
+
+// eps of the tolerance rule for gradients: FlashAttention's gradient atol,
+// 2 * max |round(round(round(r) + 0.3) - 0.3) - round(r)| (twice the largest
+// rounding error of the dtype near the reference values), at least 1e-5 *
+// max(1, max |ref|). Without it, rows whose gradient is a difference of two
+// nearly equal terms fail at random by a fraction of one ulp.
+inline double grad_eps(const std::vector<double>& ref, DType dt) {
+  auto r16 = [dt](double x) { return double(tu::half_bits_to_float(dt, tu::float_to_half_bits(dt, float(x)))); };
+  double worst = 0.0, peak = 0.0;
+  for (double r : ref) {
+    if (!std::isfinite(r)) continue;
+    const double x = r16(r);
+    worst = std::max(worst, std::fabs(r16(r16(x + 0.3) - 0.3) - x));
+    peak = std::max(peak, std::fabs(r));
+  }
+  return std::max(1e-5 * std::max(1.0, peak), 2.0 * worst);
+}
+
+// ---------------------------------------------------------------------------
+// The caller's stream. run_behind_gate() calls launch(S) on a fresh non-blocking
+// stream S held by a StreamGate: the `hidden` device ranges (inputs) hold NaN
+// until the gate opens and get their values back by copies enqueued on S behind
+// it, so work sent to any other stream reads NaN. While S is held it checks that
+// the `outputs` (poisoned with 0xff bytes by the caller) are untouched after the
+// legacy and per-thread default streams drained and a pause, and that the call
+// returned without waiting for S; then it opens the gate and waits for S.
+// ---------------------------------------------------------------------------
+struct DeviceRange {
+  void* ptr;
+  size_t bytes;
+  const char* name;
+};
+
+inline flash3::Status run_behind_gate(cudaStream_t test_stream,
+                                      const std::function<flash3::Status(cudaStream_t)>& launch,
+                                      const std::vector<DeviceRange>& hidden, const std::vector<DeviceRange>& outputs) {
+  constexpr double kGateTimeoutS = 10.0;
+  // A first call on the test stream: the first launch of a kernel loads its
+  // module (CUDA's lazy loading), which waits for the device to go idle and so
+  // would hold the legacy-stream synchronisation below until the gate times
+  // out. The outputs are poisoned again afterwards.
+  EXPECT_TRUE(launch(test_stream).ok()) << "warm-up call";
+  for (const DeviceRange& r : outputs) cudaMemsetAsync(r.ptr, 0xff, r.bytes, test_stream);
+  std::vector<tu::DeviceBuffer> staged(hidden.size());
+  for (size_t i = 0; i < hidden.size(); ++i) {
+    EXPECT_EQ(staged[i].reserve(hidden[i].bytes), cudaSuccess) << "staging " << hidden[i].name;
+    cudaMemcpyAsync(staged[i].ptr, hidden[i].ptr, hidden[i].bytes, cudaMemcpyDeviceToDevice, test_stream);
+    cudaMemsetAsync(hidden[i].ptr, 0xff, hidden[i].bytes, test_stream);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(test_stream), cudaSuccess);
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamCreateWithFlags failed";
+    return flash3::Status::Cuda("no stream");
+  }
+  flash3::Status st;
+  {
+    StreamGate gate(s, kGateTimeoutS);
+    EXPECT_EQ(gate.status(), cudaSuccess) << "stream gate: " << cudaGetErrorString(gate.status());
+    for (size_t i = 0; i < hidden.size(); ++i)
+      cudaMemcpyAsync(hidden[i].ptr, staged[i].ptr, hidden[i].bytes, cudaMemcpyDeviceToDevice, s);
+    const auto t0 = std::chrono::steady_clock::now();
+    st = launch(s);
+    const double call_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(call_s, kGateTimeoutS / 2) << "the call took " << call_s
+                                         << " s: it waited for its own (held) stream instead of only enqueueing";
+    // Work sent to another stream would run now: let it finish, then look.
+    EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the caller's stream drained while the gate was closed";
+    for (const DeviceRange& r : outputs) {
+      int64_t written = 0;
+      EXPECT_EQ(count_bytes_not(r.ptr, r.bytes, 0xff, &written), cudaSuccess) << r.name;
+      EXPECT_EQ(written, 0) << written << " bytes of " << r.name
+                            << " were written while the caller's stream was held: flash3 ran work on another stream";
+    }
+    gate.open();
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_FALSE(gate.timed_out()) << "the stream gate gave up before it was opened: the checks above are void";
+  }
+  cudaStreamDestroy(s);
+  return st;
 }
 
 }  // namespace flash3::gputest

@@ -60,11 +60,19 @@ __device__ __forceinline__ float round_to<__nv_bfloat16>(float x) { return __bfl
 template <>
 __device__ __forceinline__ float round_to<__half>(float x) { return __half2float(__float2half_rn(x)); }
 
-__device__ __forceinline__ bool visible(const KParams& p, int i, int j) {
-  const int diag = i + p.sk - p.sq;
-  if (p.wl >= 0 && j < diag - p.wl) return false;
-  if (p.wr >= 0 && j > diag + p.wr) return false;
+// Query i sees key j iff j >= i + sk - sq - wl (wl >= 0) and j <= i + sk - sq + wr
+// (wr >= 0), evaluated per element in int64 straight from the definition: a
+// window of 2^31 - 1 gives the unbounded answer because the arithmetic says so,
+// with no clamping or tile-level shortcut shared with the library's kernels.
+__device__ __forceinline__ bool visible_at(int64_t i, int64_t j, int64_t sq, int64_t sk, int64_t wl, int64_t wr) {
+  const int64_t diag = i + sk - sq;
+  if (wl >= 0 && j < diag - wl) return false;
+  if (wr >= 0 && j > diag + wr) return false;
   return true;
+}
+
+__device__ __forceinline__ bool visible(const KParams& p, int i, int j) {
+  return visible_at(i, j, p.sq, p.sk, p.wl, p.wr);
 }
 
 // Loads rows [r0, r0 + kBM) (zero beyond `nrows`) of a strided 16-bit tensor into
@@ -147,13 +155,15 @@ __global__ void __launch_bounds__(kThreads) ref_fwd_kernel(const KParams p) {
 
   load_tile<E>(sQ, p.ld_q, qb, p.q_sr, rows, p.d, p.d);
 
-  // Visible key range of the whole tile (tiles outside contribute nothing).
-  const int diag_lo = m0 + p.sk - p.sq, diag_hi = m0 + rows - 1 + p.sk - p.sq;
-  int jlo = 0, jhi = p.sk - 1;
-  if (p.wl >= 0) jlo = max(jlo, diag_lo - p.wl);
-  if (p.wr >= 0) jhi = min(jhi, diag_hi + p.wr);
-  const int t_begin = jlo <= jhi ? (jlo / kBN) * kBN : 0;
-  const int t_end = jlo <= jhi ? jhi + 1 : 0;
+  // Key range that can hold a visible key of the tile (tiles outside contribute
+  // nothing; only a speed-up: every element is still masked by visible()).
+  // int64: window + diagonal exceeds int32 for windows near 2^31.
+  const int64_t diag_lo = int64_t(m0) + p.sk - p.sq, diag_hi = int64_t(m0) + rows - 1 + p.sk - p.sq;
+  int64_t jlo = 0, jhi = int64_t(p.sk) - 1;
+  if (p.wl >= 0) jlo = diag_lo - p.wl > jlo ? diag_lo - p.wl : jlo;
+  if (p.wr >= 0) jhi = diag_hi + p.wr < jhi ? diag_hi + p.wr : jhi;
+  const int t_begin = jlo <= jhi ? int(jlo / kBN) * kBN : 0;
+  const int t_end = jlo <= jhi ? int(jhi) + 1 : 0;
 
   // ---- pass 1: row max / row sum. 4 threads per row, 16 columns each. ----
   const int pr = tid / 4, pp = tid % 4;
@@ -298,7 +308,7 @@ cudaError_t forward(const Args& a, Mode mode, cudaStream_t stream) {
   p.q_sb = a.q.batch_stride, p.q_sr = a.q.row_stride, p.q_sh = a.q.head_stride;
   p.k_sb = a.k.batch_stride, p.k_sr = a.k.row_stride, p.k_sh = a.k.head_stride;
   p.v_sb = a.v.batch_stride, p.v_sr = a.v.row_stride, p.v_sh = a.v.head_stride;
-  p.scale = (a.softmax_scale > 0.f) ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
+  p.scale = std::isnan(a.softmax_scale) ? 1.f / std::sqrt(float(a.head_dim)) : a.softmax_scale;
   p.softcap = a.softcap > 0.f ? a.softcap : 0.f;
   p.wl = a.window_left < 0 ? -1 : a.window_left;
   p.wr = a.causal ? 0 : (a.window_right < 0 ? -1 : a.window_right);
@@ -330,10 +340,7 @@ struct MaskP {
 };
 
 __device__ __forceinline__ bool bwd_visible(const MaskP& mk, int i, int j) {
-  const int diag = i + mk.sk - mk.sq;
-  if (mk.wl >= 0 && j < diag - mk.wl) return false;
-  if (mk.wr >= 0 && j > diag + mk.wr) return false;
-  return true;
+  return visible_at(i, j, mk.sq, mk.sk, mk.wl, mk.wr);
 }
 
 // C(z, m, n) = epi(sum_k A(z, m, k) B(z, k, n)) with
@@ -594,7 +601,7 @@ template <class E, bool kLowp>
 cudaError_t run_backward(const BwdArgs& a, char* scratch, int hc, cudaStream_t st) {
   const int sq = a.seqlen_q, sk = a.seqlen_k, hq = a.heads_q, hkv = a.heads_kv, d = a.head_dim, dv = a.head_dim_v;
   const int group = hq / hkv;
-  const float scale = (a.softmax_scale > 0.f) ? a.softmax_scale : 1.f / std::sqrt(float(d));
+  const float scale = std::isnan(a.softmax_scale) ? 1.f / std::sqrt(float(d)) : a.softmax_scale;
   const float cap = a.softcap > 0.f ? a.softcap : 0.f;
   MaskP mk;
   mk.sq = sq, mk.sk = sk;

@@ -2,12 +2,14 @@
 //
 // Reads the same 16-bit strided (batch, seqlen, heads, head_dim) tensors flash3
 // reads and follows the semantics of src/reference/reference.h:
-//   * scale: softmax_scale <= 0 (or NaN) means 1/sqrt(head_dim),
+//   * scale: softmax_scale NaN means 1/sqrt(head_dim); any other value is used
+//     as given (0 included),
 //   * optional softcap: s -> softcap * tanh(s / softcap) after scaling,
 //   * causal / sliding window aligned bottom-right: query i sees key j iff
 //       j >= i + sk - sq - window_left   (window_left >= 0)
 //       j <= i + sk - sq + window_right  (window_right >= 0)
-//     causal == (window_left unchanged, window_right = 0),
+//     evaluated per element in int64 (any window value, up to 2^31 - 1, is exact);
+//     a negative side is unbounded; causal == (window_left unchanged, window_right = 0),
 //   * GQA / MQA: query head h reads kv head h / (heads_q / heads_kv),
 //   * fully masked rows: out = 0, lse = -inf.
 // Outputs are fp32 and dense: out (b, sq, hq, dv), lse (b, hq, sq).
@@ -22,6 +24,7 @@
 // This header is plain C++ (no device code) so it can be included from .cpp files.
 #pragma once
 #include <cstdint>
+#include <limits>
 
 #include <cuda_runtime_api.h>
 
@@ -30,6 +33,9 @@
 namespace flash3::gpuref {
 
 enum class Mode : int { kFloat32 = 0, kLowPrecision = 1 };
+
+// softmax_scale meaning 1/sqrt(head_dim).
+inline constexpr float kDefaultScale = std::numeric_limits<float>::quiet_NaN();
 
 // A 16-bit (b, s, h, d) device tensor; unit stride in head_dim. Strides in elements.
 struct Strided16 {
@@ -42,7 +48,7 @@ struct Args {
   int batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int head_dim = 0, head_dim_v = 0;  // each in [1, 256]
   Strided16 q, k, v;
-  float softmax_scale = 0.f;  // <= 0 or NaN: 1/sqrt(head_dim)
+  float softmax_scale = kDefaultScale;  // NaN: 1/sqrt(head_dim); else as given
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
@@ -86,7 +92,7 @@ struct BwdArgs {
   Strided16 q, k, v;
   Strided16 dout;                // (b, sq, hq, dv)
   const float* dlse = nullptr;   // (b, hq, sq) dense fp32; optional
-  float softmax_scale = 0.f;     // <= 0 or NaN: 1/sqrt(head_dim)
+  float softmax_scale = kDefaultScale;  // NaN: 1/sqrt(head_dim); else as given
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -28,8 +29,9 @@
 #include <cuda_runtime_api.h>
 
 #include "flash3/flash3.h"
-#include "gpu_reference.cuh"
 #include "gpu_case.h"
+#include "gpu_helpers.cuh"
+#include "gpu_reference.cuh"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
 
@@ -48,6 +50,7 @@ using namespace flash3::gputest;
 constexpr double kEpsO = 1e-5;
 constexpr double kEpsLse = 1e-5;
 constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
+constexpr float kNaN = flash3::gpuref::kDefaultScale;
 
 // ---------------------------------------------------------------------------
 // Case description.
@@ -60,7 +63,7 @@ struct Case {
   int batch = 1;
   bool causal = false;
   int wl = -1, wr = -1;
-  float scale = 0.f;  // softmax_scale; <= 0: 1/sqrt(d)
+  float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
   Layout layout = Layout::kContiguous;
   uint64_t seed = 1;
   std::string name;
@@ -199,24 +202,31 @@ std::string where_lse(const Case& c, size_t i) {
   return os.str();
 }
 
+// How a test calls flash3::forward on prepared arguments. Empty: on the test
+// stream. Otherwise the call may use any stream, but must leave no work of its
+// own pending on a stream other than the test stream when it returns.
+using ForwardCall = std::function<flash3::Status(const flash3::ForwardArgs&)>;
+
 // Poisons out/lse (+ guards), runs flash3::forward on them. Returns the status.
-flash3::Status run_flash3(const Case& c, const Plan& p, void* out, float* lse) {
+flash3::Status run_flash3(const Case& c, const Plan& p, void* out, float* lse, const ForwardCall& call = {}) {
   DeviceState& d = dev();
   cudaMemsetAsync(out, 0xff, size_t(p.out_elems) * 2, d.stream);
   cudaMemsetAsync(lse, 0xff, (size_t(c.batch) * c.hq * c.sq + kGuard) * 4, d.stream);
   const flash3::ForwardArgs args = make_args(c, p, d.in.ptr, out, lse);
-  return flash3::forward(args, d.stream);
+  if (!call) return flash3::forward(args, d.stream);
+  cudaStreamSynchronize(d.stream);  // the poison is in place whatever stream `call` uses
+  return call(args);
 }
 
 // Full check of one case: flash3 vs fp32 GPU reference, baseline = GPU emulation.
-void check_case(const Case& c) {
+void check_case(const Case& c, const ForwardCall& call = {}) {
   SCOPED_TRACE(c.describe());
   Buffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& d = dev();
   const Plan& p = b.plan;
 
-  const flash3::Status st = run_flash3(c, p, d.out.ptr, d.lse.as<float>());
+  const flash3::Status st = run_flash3(c, p, d.out.ptr, d.lse.as<float>(), call);
   ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
   FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
   FLASH3_CUDA_OK(cudaGetLastError());
@@ -365,7 +375,7 @@ int check_built_cases(const Dims& dims, Make make) {
 // ===========================================================================
 // Peaked softmax: with softmax_scale 2 (scores of about 30 in log2 units, std)
 // the running row max keeps growing by more than the lazy-rescale slack
-// (FLASH3_FWD_RESCALE_SLACK), so the steady-state loop takes the O-rescale
+// (kFwdRescaleSlack), so the steady-state loop takes the O-rescale
 // branch that the matrix's 1/sqrt(d) scores rarely reach, in every warp and
 // at arbitrary blocks. Every built (dtype, head dims) pair, unmasked, causal
 // and windowed.
@@ -390,7 +400,7 @@ TEST(FwdGpu, PeakedScoresRescaleO) {
 }
 
 // Causal d = 64 takes the dynamic persistent kernel at every length
-// (FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC); the matrix stops at 4096 keys, where
+// (fwd_short_causal); the matrix stops at 4096 keys, where
 // every d <= 128 head dim does, so this covers the longer problems.
 TEST(FwdGpu, D64CausalLongSequences) {
   FLASH3_SKIP_WITHOUT_HOPPER();
@@ -417,6 +427,8 @@ TEST(GpuReference, MatchesCpuFloat64) {
     bool causal;
     int wl, wr;
     Layout layout;
+    float scale = flash3::gpuref::kDefaultScale;
+    const char* tag = "";  // name suffix (the name seeds the inputs)
   };
   const S shapes[] = {
       {DType::kBFloat16, 2, 37, 53, 4, 2, 64, 64, true, -1, -1, Layout::kPadded},            // causal, GQA, sq < sk
@@ -425,18 +437,27 @@ TEST(GpuReference, MatchesCpuFloat64) {
       {DType::kFloat16, 1, 1, 300, 3, 3, 256, 256, false, -1, -1, Layout::kContiguous},      // one query, long keys
       {DType::kBFloat16, 1, 70, 70, 2, 2, 96, 96, true, -1, -1, Layout::kPackedQKV},         // causal, packed
       {DType::kFloat16, 3, 129, 129, 8, 2, 40, 24, false, 64, 64, Layout::kPadded},          // odd dims, window
+      // Windows of 2^31 - 1 (unbounded by the arithmetic) and negative sides.
+      {DType::kBFloat16, 2, 37, 53, 4, 2, 64, 64, false, kIntMax, kIntMax, Layout::kContiguous, kNaN, "_intmax"},
+      {DType::kFloat16, 1, 90, 40, 2, 1, 64, 64, false, kIntMax, 0, Layout::kContiguous, kNaN, "_intmax0"},
+      {DType::kBFloat16, 1, 40, 90, 2, 2, 64, 64, false, kIntMin, kIntMax, Layout::kPadded, kNaN, "_intmin"},
+      {DType::kFloat16, 1, 77, 77, 2, 2, 64, 64, true, 10, kIntMax, Layout::kContiguous, kNaN, "_causal_local"},
+      // softmax_scale used as given, 0 included (uniform attention).
+      {DType::kBFloat16, 2, 50, 61, 2, 1, 128, 128, true, -1, -1, Layout::kContiguous, 0.3f, "_scale0.3"},
+      {DType::kFloat16, 1, 33, 70, 2, 2, 64, 64, false, 20, 5, Layout::kContiguous, 0.f, "_scale0"},
   };
   for (const S& s : shapes) {
     Case c;
     c.dtype = s.dt, c.batch = s.b, c.sq = s.sq, c.hq = s.hq, c.hkv = s.hkv, c.d = s.d, c.dv = s.dv;
     c.sk = s.sk;
     c.causal = s.causal, c.wl = s.wl, c.wr = s.wr;
+    c.scale = s.scale;
     c.layout = s.layout;
     if (c.layout == Layout::kPackedQKV) {
       ASSERT_TRUE(c.hq == c.hkv && c.d == c.dv && c.sq == c.sk) << "packed q/k/v needs hq == hkv, d == dv, sq == sk";
     }
     c.name = "ref_" + std::string(tu::short_dtype(s.dt)) + "_b" + std::to_string(s.b) + "_sq" + std::to_string(c.sq) +
-             "_sk" + std::to_string(c.sk) + "_d" + std::to_string(s.d) + "x" + std::to_string(s.dv);
+             "_sk" + std::to_string(c.sk) + "_d" + std::to_string(s.d) + "x" + std::to_string(s.dv) + s.tag;
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
 
@@ -461,6 +482,7 @@ TEST(GpuReference, MatchesCpuFloat64) {
     pr.head_dim = c.d, pr.head_dim_v = c.dv;
     flash3::ref::Options opt;
     opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr;
+    opt.softmax_scale = c.scale;
     const std::vector<double> q = extract(b.host_in, p.q, c.dtype), k = extract(b.host_in, p.k, c.dtype),
                               v = extract(b.host_in, p.v, c.dtype);
     std::vector<double> o64(n_o), lse64(n_lse), olow64(n_o), lselow64(n_lse);
@@ -696,6 +718,317 @@ TEST(FwdGpu, VariantsFileMatchesIsBuilt) {
       EXPECT_EQ(listed, flash3::forward_is_built(dt, h.d, h.dv))
           << tu::short_dtype(dt) << " " << h.d << "x" << h.dv << ": variants.txt and forward_is_built() disagree";
     }
+}
+
+// ===========================================================================
+// Windows: 2^31 - 1 and other windows past the sequence are unbounded, negative
+// sides too; causal ignores window_right and keeps window_left (gpu_case.h).
+// Every built head-dim pair (bf16 where built), each spec against the reference.
+// ===========================================================================
+// The dtype a head-dim pair runs in: `prefer` when its forward kernel is built,
+// else the other one.
+bool pick_dtype(HeadDims h, DType prefer, DType* dt) {
+  const DType other = prefer == DType::kBFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  for (DType t : {prefer, other})
+    if (flash3::forward_is_built(t, h.d, h.dv)) {
+      *dt = t;
+      return true;
+    }
+  return false;
+}
+
+class FwdLargeWindows : public ::testing::TestWithParam<HeadDims> {};
+
+TEST_P(FwdLargeWindows, MatchReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const HeadDims h = GetParam();
+  DType dt;
+  if (!pick_dtype(h, DType::kBFloat16, &dt)) GTEST_SKIP() << "not built: no forward kernel " << head_dims_name(h);
+  for (const WindowSpec& w : large_window_specs()) {
+    Case c;
+    c.dtype = dt, c.d = h.d, c.dv = h.dv;
+    c.batch = 2, c.sq = w.sq, c.sk = w.sk, c.hq = 4, c.hkv = 2;
+    c.causal = w.causal, c.wl = w.wl, c.wr = w.wr;
+    c.name = std::string("large_window_") + w.name + "_" + head_dims_name(h);
+    c.seed = fnv1a(c.name);
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fwd, FwdLargeWindows, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
+
+// Causal with any window_right, or with a window_left past the keys, is plain
+// causal: the same call, so bitwise the same out and lse.
+TEST(FwdGpu, CausalIgnoresWindowRightBitwise) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  struct W {
+    int wl, wr;
+  };
+  const W windows[] = {{-1, 7}, {-1, 1000}, {-1, kIntMax}, {kIntMax, -1}, {1299, 3}, {-5, -5}};
+  for (Seqlens sl : {Seqlens{1000, 1000}, Seqlens{700, 1300}, Seqlens{1300, 700}}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = sl.sq, c.sk = sl.sk, c.hq = 4, c.hkv = 2;
+    c.causal = true;
+    c.name = "causal_bitwise_sq" + std::to_string(sl.sq) + "_sk" + std::to_string(sl.sk);
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
+    const flash3::Status s0 = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
+    ASSERT_TRUE(s0.ok()) << s0.message;
+    FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+    std::vector<uint16_t> o0(size_t(b.plan.out_elems)), o1(o0.size());
+    std::vector<uint32_t> l0(n_lse), l1(n_lse);
+    FLASH3_CUDA_OK(cudaMemcpy(o0.data(), ds.out.ptr, o0.size() * 2, cudaMemcpyDeviceToHost));
+    FLASH3_CUDA_OK(cudaMemcpy(l0.data(), ds.lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    for (const W& w : windows) {
+      if (w.wl >= 0 && w.wl != kIntMax && w.wl < c.sk - 1) continue;  // only windows that cut nothing
+      Case cw = c;
+      cw.wl = w.wl, cw.wr = w.wr;
+      const flash3::Status st = run_flash3(cw, b.plan, ds.out2.ptr, ds.lse2.as<float>());
+      ASSERT_TRUE(st.ok()) << cw.describe() << ": " << st.message;
+      FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
+      FLASH3_CUDA_OK(cudaMemcpy(o1.data(), ds.out2.ptr, o1.size() * 2, cudaMemcpyDeviceToHost));
+      FLASH3_CUDA_OK(cudaMemcpy(l1.data(), ds.lse2.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(o0.data(), o1.data(), o0.size() * 2), 0)
+          << cw.describe() << ": out differs from plain causal (window (" << w.wl << ", " << w.wr << "))";
+      EXPECT_EQ(std::memcmp(l0.data(), l1.data(), n_lse * 4), 0)
+          << cw.describe() << ": lse differs from plain causal (window (" << w.wl << ", " << w.wr << "))";
+    }
+  }
+}
+
+// ===========================================================================
+// Random windows (FlashAttention's draw: left, right uniform in [0, sk)), per
+// built head-dim pair and seqlen pair, in four kinds (gpu_case.h): local, causal
+// + local, one side past the sequence, one side unbounded. bf16 and fp16
+// alternate over the seqlen pairs.
+// ===========================================================================
+class FwdRandomWindows : public ::testing::TestWithParam<RandomWindowParam> {};
+
+TEST_P(FwdRandomWindows, MatchReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const auto& [h, sl] = GetParam();
+  DType dt;
+  if (!pick_dtype(h, random_window_dtype(sl), &dt))
+    GTEST_SKIP() << "not built: no forward kernel " << head_dims_name(h);
+  if (quick_mode() && sl.sq >= 4096) GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4224 left out";
+  for (const Case& c : random_window_cases<Case>(GetParam(), dt, "random_window_")) {
+    check_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fwd, FwdRandomWindows,
+                         ::testing::Combine(::testing::ValuesIn(kAllHeadDims),
+                                            ::testing::ValuesIn(kRandomWindowSeqlens)),
+                         random_window_name);
+
+// ===========================================================================
+// softmax_scale is used exactly as given, 0 included (every key of a row gets
+// the same weight: out = mean of the visible values, lse = log(#visible)).
+// ===========================================================================
+TEST(FwdGpu, SoftmaxScaleIsUsedAsGiven) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const int ran = check_built_cases(kAllHeadDims, [](DType t, HeadDims h) {
+    std::vector<Case> cases;
+    for (float scale : {0.3f, 0.f})
+      for (Mask m : {Mask::kNone, Mask::kCausal}) {
+        Case c;
+        c.dtype = t, c.d = h.d, c.dv = h.dv;
+        c.batch = 2, c.sq = 300, c.sk = 517, c.hq = 4, c.hkv = 2;
+        c.scale = scale;
+        apply_mask(&c, m);
+        c.name = "scale" + std::string(scale == 0.f ? "0" : "0.3") + "_" + tu::short_dtype(t) + "_" +
+                 head_dims_name(h) + "_" + mask_name(m);
+        cases.push_back(c);
+      }
+    return cases;
+  });
+  if (ran == 0 && !HasFatalFailure()) GTEST_SKIP() << "not built: no forward kernel in this build";
+}
+
+TEST(FwdGpu, NegativeOrInfiniteSoftmaxScaleIsRejected) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt = DType::kBFloat16;
+  int d = 128, dv = 128;
+  pick_built(&dt, &d, &dv);
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
+  c.name = "bad_scale";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  for (float scale : {-1.f, -1e-30f, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity()}) {
+    flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
+    a.opts.softmax_scale = scale;
+    const flash3::Status st = flash3::forward(a, ds.stream);
+    EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument) << "softmax_scale " << scale << ": " << st.message;
+    EXPECT_NE(st.message.find("softmax_scale"), std::string::npos) << "softmax_scale " << scale << ": " << st.message;
+  }
+  EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// ===========================================================================
+// The caller's stream: flash3 runs all its work on the stream it is given
+// (run_behind_gate in gpu_case.h: the inputs are NaN until the held stream
+// restores them and the outputs must stay poisoned while it is held), and the
+// result is right once the stream runs.
+// ===========================================================================
+TEST(FwdGpu, RunsOnTheCallersStream) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  for (Mask m : {Mask::kNone, Mask::kCausal}) {
+    Case c;
+    c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 4, c.hkv = 2;
+    apply_mask(&c, m);
+    c.name = std::string("callers_stream_") + mask_name(m);
+    c.seed = fnv1a(c.name);
+    const Plan p = make_plan(c);
+    DeviceState& ds = dev();
+    check_case(c, [&](const flash3::ForwardArgs& a) {
+      const size_t lse_bytes = (size_t(c.batch) * c.hq * c.sq + kGuard) * 4;
+      return run_behind_gate(
+          ds.stream, [&](cudaStream_t s) { return flash3::forward(a, s); },
+          {{ds.in.ptr, size_t(p.in_elems) * 2, "q/k/v"}},
+          {{ds.out.ptr, size_t(p.out_elems) * 2, "out"}, {ds.lse.ptr, lse_bytes, "lse"}});
+    });
+    if (HasFatalFailure()) return;
+  }
+}
+
+// ===========================================================================
+// Error paths.
+// ===========================================================================
+// A CUDA error the caller left pending (an unrelated failed launch) is not this
+// call's error: the call succeeds, its result is right and the error is still
+// pending afterwards.
+TEST(FwdGpu, PendingCudaErrorDoesNotFailTheCall) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 300, c.sk = 400, c.hq = 4, c.hkv = 2;
+  c.causal = true;
+  c.name = "pending_cuda_error";
+  c.seed = fnv1a(c.name);
+  check_case(c, [](const flash3::ForwardArgs& a) {
+    // A first call raises the kernels' shared-memory limits (cudaFuncSetAttribute,
+    // which resets a pending error: flash3.h), so the pending error comes after it.
+    EXPECT_TRUE(flash3::forward(a, dev().stream).ok());
+    EXPECT_EQ(cudaStreamSynchronize(dev().stream), cudaSuccess);
+    const cudaError_t pending = leave_pending_launch_error();
+    EXPECT_NE(pending, cudaSuccess) << "no pending error to test with";
+    const flash3::Status st = flash3::forward(a, dev().stream);
+    EXPECT_TRUE(st.ok()) << "a pending error of an unrelated launch failed the call: " << st.message;
+    // Not the call's to clear either (flash3.h); this also leaves none behind.
+    EXPECT_EQ(cudaGetLastError(), pending) << "the caller's pending error was cleared";
+    return st;
+  });
+}
+
+// lse with a shape but no data is a mistake, not "lse absent" (a default view is).
+TEST(FwdGpu, LseWithShapeButNoDataIsAnError) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
+  c.name = "lse_null_data";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
+  a.lse.data = nullptr;
+  const flash3::Status st = flash3::forward(a, ds.stream);
+  EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument) << "lse (2, 2, 64) with data = null: " << st.message;
+  a.lse = TensorView{};
+  const flash3::Status absent = flash3::forward(a, ds.stream);
+  EXPECT_TRUE(absent.ok()) << "lse absent (default view): " << absent.message;
+  EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// A stream of another device cannot order work on this one.
+TEST(FwdGpu, StreamOfAnotherDeviceIsRejected) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  int n = 0;
+  FLASH3_CUDA_OK(cudaGetDeviceCount(&n));
+  if (n < 2) GTEST_SKIP() << "one GPU: a stream of another device needs two";
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
+  c.name = "other_device_stream";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  int cur = 0;
+  FLASH3_CUDA_OK(cudaGetDevice(&cur));
+  const int other = cur == 0 ? 1 : 0;
+  cudaStream_t s = nullptr;
+  FLASH3_CUDA_OK(cudaSetDevice(other));
+  const cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  FLASH3_CUDA_OK(cudaSetDevice(cur));
+  FLASH3_CUDA_OK(ce);
+  const flash3::Status st = flash3::forward(make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>()), s);
+  EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument)
+      << "a stream of device " << other << " for tensors of device " << cur << ": " << st.message;
+  FLASH3_CUDA_OK(cudaSetDevice(other));
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  FLASH3_CUDA_OK(cudaSetDevice(cur));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Outputs that alias an input, or each other, are rejected before any launch.
+TEST(FwdGpu, OutputAliasingIsRejected) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  int d, dv;
+  if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
+  if (d != dv) GTEST_SKIP() << "needs a built d == dv variant (out shaped like q and k)";
+  Case c;
+  c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 128, c.sk = 128, c.hq = 4, c.hkv = 4;
+  c.name = "aliasing";
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  struct Alias {
+    const char* what;
+    void (*mutate)(flash3::ForwardArgs&);
+  };
+  const Alias aliases[] = {
+      {"out == k (same shape and strides)", [](flash3::ForwardArgs& a) { a.out.data = a.k.data; }},
+      {"out == q (same shape and strides)", [](flash3::ForwardArgs& a) { a.out.data = a.q.data; }},
+      {"out == v, second row on", [](flash3::ForwardArgs& a) {
+         a.out.data = static_cast<uint16_t*>(a.v.data) + a.v.stride[1];
+         a.out.shape[1] -= 1;
+         a.q.shape[1] -= 1;
+         a.lse.shape[2] -= 1;
+       }},
+      {"lse inside out", [](flash3::ForwardArgs& a) { a.lse.data = a.out.data; }},
+  };
+  for (const Alias& al : aliases) {
+    flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
+    al.mutate(a);
+    const flash3::Status st = flash3::forward(a, ds.stream);
+    EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument) << al.what << ": " << st.message;
+  }
+  EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

@@ -141,7 +141,7 @@ TEST(TileConfig, ShortCausalVariantIsTheCausalTilePersistent) {
     const flash3::FwdTileConfig a = flash3::fwd_tile_config(d[0], d[1], true, false, false);
     const flash3::FwdTileConfig b = flash3::fwd_tile_config(d[0], d[1], true, false, true);
     EXPECT_FALSE(a.persistent);
-    EXPECT_EQ(flash3::fwd_has_short_causal(d[0], d[1]), FLASH3_FWD_PERSISTENT && d[0] <= 128 && FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN > 0);
+    EXPECT_EQ(flash3::fwd_has_short_causal(d[0], d[1]), d[0] <= 128);
     EXPECT_EQ(b.persistent, flash3::fwd_has_short_causal(d[0], d[1]));
     EXPECT_EQ(std::make_tuple(a.tile_m, a.tile_n, a.num_stages, a.num_mma_wg, a.pingpong, a.producer_regs, a.consumer_regs),
               std::make_tuple(b.tile_m, b.tile_n, b.num_stages, b.num_mma_wg, b.pingpong, b.producer_regs, b.consumer_regs));
@@ -150,10 +150,9 @@ TEST(TileConfig, ShortCausalVariantIsTheCausalTilePersistent) {
     EXPECT_FALSE(flash3::fwd_tile_config(d[0], d[1], true, true, true).persistent);
   }
   for (int d : {64, 96, 128}) {
-    EXPECT_TRUE(flash3::fwd_short_causal(d, FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN));
-    EXPECT_EQ(flash3::fwd_short_causal(d, FLASH3_FWD_PERSISTENT_CAUSAL_MAX_SEQLEN + 1),
-              d <= 64 && FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC);
-    EXPECT_EQ(flash3::fwd_short_causal(d, 1 << 20), d <= 64 && FLASH3_FWD_D64_CAUSAL_ALWAYS_DYNAMIC);
+    EXPECT_TRUE(flash3::fwd_short_causal(d, flash3::kFwdPersistentCausalMaxSeqlen));
+    EXPECT_EQ(flash3::fwd_short_causal(d, flash3::kFwdPersistentCausalMaxSeqlen + 1), d <= 64);
+    EXPECT_EQ(flash3::fwd_short_causal(d, 1 << 20), d <= 64);
   }
 }
 
@@ -250,7 +249,7 @@ TEST(BwdBlockRange, FrontPaddedGridCoversVisiblePairs) {
   EXPECT_EQ(front, 858);
 }
 
-// d = 128 keeps 64-row query tiles below FLASH3_BWD_D128_SHORT_SEQLEN queries
+// d = 128 keeps 64-row query tiles below flash3::kBwdD128ShortSeqlen queries
 // (the kernels and backward_workspace_bytes both follow bwd_short_tile).
 TEST(TileConfig, BackwardShortSequenceTile) {
   EXPECT_FALSE(flash3::bwd_has_short_tile(64));
@@ -258,8 +257,8 @@ TEST(TileConfig, BackwardShortSequenceTile) {
   EXPECT_FALSE(flash3::bwd_has_short_tile(256));
   if (flash3::bwd_has_short_tile(128)) {
     EXPECT_TRUE(flash3::bwd_short_tile(128, 1));
-    EXPECT_TRUE(flash3::bwd_short_tile(128, FLASH3_BWD_D128_SHORT_SEQLEN - 1));
-    EXPECT_FALSE(flash3::bwd_short_tile(128, FLASH3_BWD_D128_SHORT_SEQLEN));
+    EXPECT_TRUE(flash3::bwd_short_tile(128, flash3::kBwdD128ShortSeqlen - 1));
+    EXPECT_FALSE(flash3::bwd_short_tile(128, flash3::kBwdD128ShortSeqlen));
     for (bool causal : {false, true}) {
       EXPECT_EQ(flash3::bwd_tile_config(128, 128, causal, true).tile_m, 64);
       EXPECT_LE(flash3::bwd_smem_bytes(flash3::bwd_tile_config(128, 128, causal, true), 128, 128, 2), 227 * 1024);

@@ -101,8 +101,8 @@ template <int D, int kTileM>
 using TileMTraits = flash3::BwdTraits<cutlass::bfloat16_t, D, D, TileMConfig<D, D, kTileM>, flash3::MaskNone>;
 
 // Runs Check::template run<Traits>() for every built head-dim pair's default
-// tile and for every query tile the knobs can select (FLASH3_BWD_D64_TILE_M,
-// FLASH3_BWD_D128_TILE_M[_CAUSAL], the d = 128 short tile), whichever is built.
+// tile and for the other query tiles d = 64 and d = 128 can take (64 and 128
+// rows; the d = 128 short tile is 64).
 template <class Check>
 void for_each_bwd_tile() {
   flash3_test::for_each_head_dim_pair([](auto d, auto dv) {

@@ -3,6 +3,7 @@
 // aligned device addresses with FLASH3_SKIP_DEVICE_CHECK=1 (nothing is launched).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -87,7 +88,8 @@ class CApi : public ::testing::Test {
 
 TEST_F(CApi, DefaultOptions) {
   const flash3_options o = flash3_default_options();
-  EXPECT_EQ(o.softmax_scale, 0.f);
+  EXPECT_EQ(o.struct_size, sizeof(flash3_options));
+  EXPECT_TRUE(std::isnan(o.softmax_scale));
   EXPECT_EQ(o.causal, 0);
   EXPECT_EQ(o.window_left, -1);
   EXPECT_EQ(o.window_right, -1);
@@ -102,6 +104,19 @@ TEST_F(CApi, DefaultOptions) {
   EXPECT_EQ(o.window_left, cpp.window_left);
   EXPECT_EQ(o.window_right, cpp.window_right);
   EXPECT_EQ(o.softcap, cpp.softcap);
+  EXPECT_TRUE(std::isnan(cpp.softmax_scale));
+}
+
+TEST_F(CApi, OptionsNeedTheirSize) {
+  Fwd f;
+  flash3_options zeroed;
+  std::memset(&zeroed, 0, sizeof(zeroed));  // a caller that skipped flash3_default_options()
+  EXPECT_EQ(flash3_validate_forward(&f.q, &f.k, &f.v, &f.out, &f.lse, &zeroed), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts->struct_size is 0")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "flash3_default_options()")) << last_error();
+  zeroed.struct_size = sizeof(flash3_options) + 8;  // a newer header than this library
+  EXPECT_EQ(flash3_validate_forward(&f.q, &f.k, &f.v, &f.out, &f.lse, &zeroed), FLASH3_INVALID_ARGUMENT);
+  EXPECT_EQ(flash3_backward_workspace_size(&f.q, &f.k, &f.v, &zeroed), 0u);
 }
 
 TEST_F(CApi, VersionString) {
@@ -152,10 +167,13 @@ TEST_F(CApi, NullOptionsMeanDefaults) {
 
 TEST_F(CApi, OptionsAreForwarded) {
   Fwd f;
-  f.opts.causal = 1;
-  f.opts.window_right = 3;
+  f.opts.softmax_scale = -1.f;
   EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "causal implies window_right == 0")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "opts.softmax_scale is -1")) << last_error();
+  f.opts = flash3_default_options();
+  f.opts.causal = 1;
+  f.opts.window_right = 3;  // FlashAttention-3's rule: causal overrides the right side
+  EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << last_error();
   f.opts = flash3_default_options();
   f.opts.softcap = -2.f;
   EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);

@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""bench/fixed_cost.py's line fit (CPU only): the intercept / slope it reports is
-the per-tile fixed cost, so the fit must recover a known line, report the
-residual of a point off it, and refuse a single seqlen."""
+"""bench.py's pure logic (CPU only): the --fixed-cost line fit (its intercept /
+slope is the per-tile fixed cost, so the fit must recover a known line, report
+the residual of a point off it, and refuse a single seqlen), the modes' option
+presets, and the CSV round trip that --from-csv relies on."""
 import os
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import fixed_cost  # noqa: E402
+import bench  # noqa: E402
 
 
 class FitLine(unittest.TestCase):
     def test_recovers_exact_line(self):
         pts = [(sq, 0.6e-3 * sq + 0.15) for sq in (2048, 4096, 8192, 16384)]
-        slope, icept, resid = fixed_cost.fit_line(pts)
+        slope, icept, resid = bench.fit_line(pts)
         self.assertAlmostEqual(slope, 0.6e-3, places=12)
         self.assertAlmostEqual(icept, 0.15, places=9)
         self.assertLess(resid, 1e-9)
@@ -21,12 +23,66 @@ class FitLine(unittest.TestCase):
 
     def test_reports_residual(self):
         pts = [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.4)]
-        _, _, resid = fixed_cost.fit_line(pts)
+        _, _, resid = bench.fit_line(pts)
         self.assertGreater(resid, 0.1)
 
     def test_needs_two_seqlens(self):
         with self.assertRaises(ValueError):
-            fixed_cost.fit_line([(4096, 1.0), (4096, 1.1)])
+            bench.fit_line([(4096, 1.0), (4096, 1.1)])
+
+
+class Modes(unittest.TestCase):
+    """bench.py's option presets: one mode at a time, each with its defaults."""
+
+    def test_table_defaults(self):
+        _, a = bench.parse_args([])
+        self.assertEqual((a.mode, a.rounds, a.iters, a.warmup_ms, a.passes), ("table", 1, 30, 0.0, "fwd,bwd"))
+        self.assertEqual(len(bench.shape_pairs(a)), 18)
+
+    def test_ab_headline(self):
+        _, a = bench.parse_args(["--ab", "base=/x/libflash3.so", "--headline", "--warmup-ms", "300"])
+        self.assertEqual((a.mode, a.rounds, a.iters, a.warmup_ms, a.gap_s), ("interleaved", 5, 50, 300.0, 0.0))
+        self.assertEqual(bench.shape_pairs(a), bench.HEADLINE_ROWS)
+        self.assertEqual(bench.parse_ab("base=/x/libflash3.so", 1), ("base", "/x/libflash3.so"))
+        self.assertEqual(bench.parse_ab("/x/libflash3.so", 1), ("ab1", "/x/libflash3.so"))
+
+    def test_steady_presets(self):
+        _, a = bench.parse_args(["--steady"])
+        self.assertEqual((a.mode, a.rounds, a.iters, a.warmup_ms, a.gap_s), ("interleaved", 2, 100, 300.0, 1.0))
+        self.assertEqual(bench.shape_pairs(a), bench.HEADLINE_ROWS)
+        _, a = bench.parse_args(["--steady", "--hdims", "128", "--seqlens", "8k"])
+        self.assertEqual(bench.shape_pairs(a), [(128, 8192)])
+
+    def test_power_and_fixed_cost(self):
+        _, a = bench.parse_args(["--power"])
+        self.assertEqual((a.mode, a.passes), ("power", "bwd"))
+        self.assertEqual(bench.shape_pairs(a), bench.HEADLINE_ROWS)
+        _, a = bench.parse_args(["--fixed-cost"])
+        self.assertEqual((a.mode, a.hdims, a.seqlens, a.iters, a.warmup_ms), ("fixed_cost", "128", "1k,2k,4k,8k", 20, 300.0))
+
+    def test_one_mode_at_a_time(self):
+        with self.assertRaises(SystemExit):
+            bench.parse_args(["--power", "--fixed-cost"])
+
+
+class CsvRoundTrip(unittest.TestCase):
+    def test_write_then_read(self):
+        r = bench.RowResult(128, 8192, True, "bwd", 2, 16)
+        r.flops = 1.5e13
+        r.ms.update({"flash3": 20.0, "cudnn": 25.0, "fa3": 19.0})
+        r.note["fa2"] = "n/a"
+        r.check, r.err, r.bound = "PASS", 1e-3, 2e-3
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.csv")
+            bench.write_csv(path, [r])
+            (back,) = bench.read_csv(path)
+        self.assertEqual((back.hdim, back.seqlen, back.causal, back.pss, back.batch, back.heads),
+                         (128, 8192, True, "bwd", 2, 16))
+        self.assertAlmostEqual(back.ratio("flash3", "cudnn"), 1.25)
+        self.assertAlmostEqual(back.ratio("flash3", "fa3"), 0.95)
+        self.assertIsNone(back.ms["fa2"])
+        self.assertEqual((back.note["fa2"], back.check), ("n/a", "PASS"))
+        self.assertAlmostEqual(back.err, 1e-3)
 
 
 if __name__ == "__main__":

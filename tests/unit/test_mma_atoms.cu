@@ -3,7 +3,7 @@
 // for N = 80, 144, 176, 48, ... unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is
 // defined (the build sets it; src/config/tile_size.h refuses to compile without
 // it). Without it tile_n 144 / 176 ran at ~500 instead of ~700 TFLOP/s
-// (docs/performance.md, tile-width ablation).
+// (docs/performance.md).
 #include <gtest/gtest.h>
 
 #include "bwd/kernel_traits.h"
@@ -50,7 +50,8 @@ TEST(MmaAtoms, ForwardTilesUseFullWidthAtoms) {
   check_fwd<256, 256, true, true>();
 }
 
-// The extended widths themselves (tile_size.h knobs FLASH3_FWD_D*_TILE_N).
+// The extended widths themselves (d = 192's 112 keys is in the table; 176 and
+// 80 are the widths measured against d = 128's and d = 256's tiles).
 template <int kTileN>
 struct WideTile {
   static constexpr flash3::FwdTileConfig value = {128, kTileN, 2, 2, true, false, true, 24, 240};

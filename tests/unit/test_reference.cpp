@@ -47,7 +47,8 @@ Problem fixed(int b, int sq, int sk, int hq, int hkv, int d, int dv) {
   return p;
 }
 
-Options opts(bool causal = false, int wl = -1, int wr = -1, double softcap = 0.0, double scale = 0.0) {
+Options opts(bool causal = false, int wl = -1, int wr = -1, double softcap = 0.0,
+             double scale = std::numeric_limits<double>::quiet_NaN()) {
   Options o;
   o.causal = causal;
   o.window_left = wl;
@@ -87,7 +88,7 @@ NaiveOut naive(const Problem& p, const Options& o, const Data& x, const std::vec
                const std::vector<double>* dlse = nullptr) {
   const int B = p.batch, SQ = p.seqlen_q, SK = p.seqlen_k, HQ = p.heads_q, HK = p.heads_kv, D = p.head_dim,
             DV = p.head_dim_v;
-  const double scale = o.softmax_scale > 0 ? o.softmax_scale : 1.0 / std::sqrt(double(D));
+  const double scale = std::isnan(o.softmax_scale) ? 1.0 / std::sqrt(double(D)) : o.softmax_scale;
   auto Q = [&](int b, int i, int h, int c) { return x.q[((size_t(b) * SQ + i) * HQ + h) * D + c]; };
   auto K = [&](int b, int j, int h, int c) { return x.k[((size_t(b) * SK + j) * HK + h) * D + c]; };
   auto V = [&](int b, int j, int h, int c) { return x.v[((size_t(b) * SK + j) * HK + h) * DV + c]; };
@@ -281,6 +282,17 @@ TEST(ReferenceMask, WindowVisibleSets) {
   // Window entirely outside the keys: fully masked row.
   EXPECT_EQ(visible_set(opts(false, 1, 0), 1, 6, 3), (std::set<int>{}));
   EXPECT_EQ(visible_set(opts(false, 1, 0), 3, 6, 3), (std::set<int>{0}));
+}
+
+TEST(ReferenceMask, HugeWindowsCutNothing) {
+  const int big = std::numeric_limits<int>::max();
+  for (int i : {0, 5, 2047})
+    for (int j : {0, 7, 511}) {
+      EXPECT_TRUE(ref::visible(opts(false, -1, big), i, j, 2048, 512));
+      EXPECT_TRUE(ref::visible(opts(false, big, -1), i, j, 2048, 512));
+      // (big, 0) is the causal mask.
+      EXPECT_EQ(ref::visible(opts(false, big, 0), i, j, 2048, 512), ref::visible(opts(true), i, j, 2048, 512));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -804,6 +816,21 @@ TEST(ReferenceCheckClose, BaselineInfinitiesAndNans) {
   c = ref::check_close(ours.data(), ref_.data(), nullptr, 3, 2e-3);
   EXPECT_TRUE(c.ok);
   EXPECT_EQ(c.bound, 2e-3);
+}
+
+TEST(ReferenceForward, ZeroScaleAveragesTheVisibleValues) {
+  const Problem p = fixed(1, 5, 7, 1, 1, 8, 4);
+  const Data x = make_data(p, 300);
+  const RefOut r = run_fwd(p, opts(true, -1, -1, 0.0, 0.0), x);
+  for (int i = 0; i < 5; ++i) {
+    const int n = i + 7 - 5 + 1;  // keys 0 .. i + sk - sq
+    for (int c = 0; c < 4; ++c) {
+      double mean = 0;
+      for (int j = 0; j < n; ++j) mean += x.v[size_t(j) * 4 + c] / n;
+      EXPECT_NEAR(r.out[size_t(i) * 4 + c], mean, 1e-12);
+    }
+    EXPECT_NEAR(r.lse[size_t(i)], std::log(double(n)), 1e-12);
+  }
 }
 
 }  // namespace

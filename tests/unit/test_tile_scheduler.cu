@@ -43,7 +43,7 @@ TEST(PersistentTileScheduler, EveryTileExactlyOnce) {
 // Backward longest-first order in head groups (BwdScheduler::lpt_order): every
 // (n_block, head) once; within a head, n_blocks come in ascending launch order
 // (deterministic mode's ordered dQ accumulation relies on it); group g is
-// launched before group g + 1; group 0 / >= heads is the old global order.
+// launched before group g + 1; group 0 / >= heads is one global longest-first order.
 // tail > 0: the last pairs (from the last whole group boundary at or below
 // hb - tail) form one longest-first group after the others.
 TEST(BwdLptOrder, GroupsAscendingEveryBlockOnce) {
@@ -83,10 +83,10 @@ TEST(BwdLptOrder, GroupsAscendingEveryBlockOnce) {
 
 // Greedy list scheduling of a causal backward launch (each tile to the SM that
 // frees first, in launch order; a tile costs its query-block iterations plus
-// 1.5 of fixed cost, bench/fixed_cost.py): with plain L2-sized groups the last
+// 1.5 of fixed cost, bench.py --fixed-cost): with plain L2-sized groups the last
 // group's longest tiles run alone at the end, the busiest of 132 SMs ~5-8%
 // above the average at d = 128 4k / 8k (ncu measured 7.6% at 4k); with the
-// merged tail group it is within 1.5% for every causal issue shape.
+// merged tail group it is within 1.5% for every causal headline shape.
 double bwd_schedule_excess(int seqlen, int tile_m, int tile_n, int hb_total, int group, int tail) {
   const int num_m = (seqlen + tile_m - 1) / tile_m, n_blocks = (seqlen + tile_n - 1) / tile_n;
   const flash3::BwdWorkspaceLayout ws = flash3::bwd_workspace_layout(1, 1, seqlen, 128, tile_m);
@@ -175,18 +175,18 @@ TEST(BwdSplitOrder, PiecesPartitionEveryBlockOnce) {
 }
 
 // The split's purpose, in the same greedy model as above (each CTA to the SM
-// that frees first, a CTA costs its iterations plus FLASH3_BWD_SPLIT_FIXED_ITERS,
-// the last piece also (pieces - 1) * FLASH3_BWD_SPLIT_SLOT_ITERS): on the
+// that frees first, a CTA costs its iterations plus kBwdSplitFixedIters, the
+// last piece also (pieces - 1) * kBwdSplitSlotIters): on the
 // unmasked paper shapes (2048 or 4096 equal blocks on 132 SMs) the busiest SM
 // ends within 2% of the average; whole blocks leave it 2.8-3.2% above.
 double bwd_unmasked_excess(int tiles, int m, bool split_tail) {
   const flash3::BwdSplitPlan plan = split_tail ? flash3::bwd_split_plan(tiles, 132, m, 1) : flash3::BwdSplitPlan{tiles, 0, 1};
   std::vector<double> free_at(132, 0.0);
-  const double fixed = FLASH3_BWD_SPLIT_FIXED_ITERS;
+  const double fixed = flash3::kBwdSplitFixedIters;
   for (int lin = 0; lin < plan.ctas(); ++lin) {
     const flash3::BwdTile t = flash3::BwdScheduler::unmasked_order(lin, 32, 64, plan.first, plan.pieces);
     const flash3::MBlockRange r = flash3::BwdScheduler::piece_range({0, m}, t);
-    const double extra = t.pieces > 1 && t.piece == t.pieces - 1 ? (t.pieces - 1) * FLASH3_BWD_SPLIT_SLOT_ITERS : 0;
+    const double extra = t.pieces > 1 && t.piece == t.pieces - 1 ? (t.pieces - 1) * flash3::kBwdSplitSlotIters : 0;
     *std::min_element(free_at.begin(), free_at.end()) += r.m_max - r.m_min + fixed + extra;
   }
   const double ideal = tiles * (m + fixed) / 132.0;

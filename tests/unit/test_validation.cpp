@@ -177,17 +177,16 @@ TEST_F(ValidationForward, SeqlenKZeroIsValid) {
   expect_valid_forward(a);
 }
 
-TEST_F(ValidationForward, OffsetExactlyInt32MaxPasses) {
-  // (2^19 - 1) * 4096 + 31 * 128 + 127 == INT32_MAX
-  Dims p;
-  p.b = 1;
-  p.sq = 16;
-  p.sk = 1 << 19;
-  p.hq = 32;
-  p.hkv = 32;
-  p.d = 128;
-  p.dv = 128;
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(make_fwd(p))));
+TEST_F(ValidationForward, TensorsBeyond2To31ElementsPass) {
+  // A KV cache of 32 x 128k tokens x 8 heads x 128: 2^32 elements per tensor
+  // (element offsets are 64-bit). Fake addresses 64 GB apart: no overlap.
+  ForwardArgs a;
+  a.q = bshd(fake(uintptr_t(1) << 36), DType::kBFloat16, 32, 4, 64, 128);
+  a.k = bshd(fake(uintptr_t(2) << 36), DType::kBFloat16, 32, 131072, 8, 128);
+  a.v = bshd(fake(uintptr_t(3) << 36), DType::kBFloat16, 32, 131072, 8, 128);
+  a.out = bshd(fake(uintptr_t(4) << 36), DType::kBFloat16, 32, 4, 64, 128);
+  EXPECT_GT(a.k.numel(), int64_t(1) << 31);
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
 }
 
 // ----------------------------------------------------------------------------
@@ -376,17 +375,60 @@ TEST_F(ValidationForward, ZeroStrideOnWrittenTensor) {
   EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out.stride[1]", "non-zero"}));
 }
 
-TEST_F(ValidationForward, Offset32BitOverflow) {
+TEST_F(ValidationForward, OffsetBeyondInt64) {
+  ForwardArgs a = make_fwd();
+  a.lse.stride[0] = int64_t(1) << 62;  // (b - 1) * stride * 4 bytes overflows int64
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse: the byte offset", "int64"}));
+}
+
+TEST_F(ValidationForward, TmaStrideLimit) {
+  ForwardArgs a = make_fwd();
+  a.k.stride[0] = int64_t(1) << 40;  // 2^41 bytes
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k.stride[0] (batch)", "2^40 bytes"}));
+}
+
+TEST_F(ValidationForward, StrideOfSizeOneDimIsIgnored) {
   Dims p;
   p.b = 1;
-  p.sq = 16;
-  p.sk = (1 << 19) + 1;  // one row past INT32_MAX
-  p.hq = 32;
-  p.hkv = 32;
-  p.d = 128;
-  p.dv = 128;
+  p.sq = 1;
+  ForwardArgs a = make_fwd(p);
+  for (TensorView* t : {&a.q, &a.out}) {
+    t->stride[0] = 3;   // neither a multiple of 8 nor >= 0 matters for a dimension of size 1
+    t->stride[1] = -5;
+  }
+  a.lse.stride[2] = 7;
+  ASSERT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const FwdParams f = flash3::make_fwd_params(a);
+  // Lowered to a valid TMA stride (a multiple of 16 bytes past the view's span).
+  for (int64_t st : {f.q_batch_stride, f.q_row_stride, f.o_batch_stride, f.o_row_stride}) {
+    EXPECT_GT(st, 0);
+    EXPECT_EQ(st % 8, 0);
+  }
+}
+
+TEST_F(ValidationForward, LimitsOfTheInt32Kernels) {
+  Dims p;
+  p.hq = 65536;
+  p.hkv = 1;
   EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
-                      {"k: largest element offset", "2147487743", "32-bit element offsets"}));
+                      {"q.shape[2] (num_heads_q) is 65536", "<= 65535"}));
+  Dims big;
+  big.b = 1;
+  big.sq = big.sk = 1200000000;
+  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(big)), StatusCode::kInvalidArgument,
+                      {"seqlen_q", "+", "seqlen_k"}));
+}
+
+TEST(BatchPerLaunch, GridAndTileLimits) {
+  // Small problems: the grids' z limit.
+  EXPECT_EQ(flash3::batch_per_launch(1, 1, 1, 1), 65535);
+  EXPECT_EQ(flash3::batch_per_launch(128, 128, 8, 8), 65535);
+  // Tile counts stay within int32: 64-row tiles x heads x batch.
+  const int64_t b = flash3::batch_per_launch(131072, 131072, 64, 8);
+  EXPECT_GE(b, 1);
+  EXPECT_LE(b * (131072 / 64) * 64, int64_t(INT32_MAX) / 2);
+  EXPECT_GT((b + 1) * (131072 / 64) * 64, int64_t(INT32_MAX) / 2);
+  EXPECT_EQ(flash3::batch_per_launch(int64_t(1) << 30, 1, 65535, 1), 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -427,14 +469,16 @@ TEST_F(ValidationForward, LseMisaligned) {
 // ----------------------------------------------------------------------------
 // Options.
 // ----------------------------------------------------------------------------
-TEST_F(ValidationForward, CausalWithWindowRight) {
+TEST_F(ValidationForward, AnyWindowIsValid) {
   ForwardArgs a = make_fwd();
-  a.opts.causal = true;
-  a.opts.window_right = 4;
-  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
-                      {"opts.window_right", "causal implies window_right == 0"}));
-  a.opts.window_right = 0;  // explicit 0 is fine
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  for (bool causal : {false, true})
+    for (int wl : {-1, -2, 0, 16, INT32_MAX, INT32_MIN})
+      for (int wr : {-1, -7, 0, 4, INT32_MAX}) {
+        a.opts.causal = causal;
+        a.opts.window_left = wl;
+        a.opts.window_right = wr;
+        EXPECT_TRUE(IsOk(flash3::check_forward_structure(a))) << causal << " " << wl << " " << wr;
+      }
 }
 
 TEST_F(ValidationForward, BadSoftcap) {
@@ -447,23 +491,86 @@ TEST_F(ValidationForward, BadSoftcap) {
   EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softcap is inf"}));
 }
 
-TEST_F(ValidationForward, BadWindow) {
-  ForwardArgs a = make_fwd();
-  a.opts.window_left = -2;
-  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.window_left is -2"}));
-  a.opts.window_left = 16;
-  a.opts.window_right = -5;
-  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.window_right is -5"}));
-}
-
-TEST_F(ValidationForward, InfiniteSoftmaxScale) {
+TEST_F(ValidationForward, SoftmaxScale) {
   ForwardArgs a = make_fwd();
   a.opts.softmax_scale = std::numeric_limits<float>::infinity();
   EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softmax_scale is inf"}));
-  a.opts.softmax_scale = std::numeric_limits<float>::quiet_NaN();  // NaN means default
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
-  a.opts.softmax_scale = -3.f;  // <= 0 means default
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  a.opts.softmax_scale = -3.f;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.softmax_scale is -3", "negative scale is not supported"}));
+  for (float ok : {std::numeric_limits<float>::quiet_NaN(), 0.f, 1e-30f, 0.3f, 100.f}) {
+    a.opts.softmax_scale = ok;
+    EXPECT_TRUE(IsOk(flash3::check_forward_structure(a))) << ok;
+  }
+}
+
+TEST_F(ValidationForward, LseWithShapeButNoDataIsAnError) {
+  ForwardArgs a = make_fwd();
+  a.lse.data = nullptr;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse.data is null"}));
+  BackwardArgs b = make_bwd();
+  b.dlse = b.lse;
+  b.dlse.data = nullptr;
+  EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {"dlse.data is null"}));
+}
+
+// ----------------------------------------------------------------------------
+// Outputs overlapping inputs, each other or themselves.
+// ----------------------------------------------------------------------------
+TEST_F(ValidationForward, OutAliasingAnInputIsAnError) {
+  Dims p;
+  p.sk = p.sq;
+  p.hkv = p.hq;
+  ForwardArgs a = make_fwd(p);
+  a.out.data = a.k.data;  // same shape as k
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out", "overlaps k"}));
+  a = make_fwd(p);
+  a.out.data = static_cast<char*>(a.q.data) + 4096;  // partly over q
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out", "overlaps q"}));
+  a = make_fwd(p);
+  a.lse.data = static_cast<char*>(a.out.data) + 64;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse", "overlaps out"}));
+}
+
+TEST_F(ValidationForward, OutOverlappingItselfIsAnError) {
+  ForwardArgs a = make_fwd();
+  a.out.stride[2] = 32;  // heads 32 elements apart, each 64 wide
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out has shape", "overlap"}));
+  a = make_fwd();
+  a.lse.stride[1] = 100;  // (b, hq, sq = 128): rows of consecutive heads overlap
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"lse has shape", "overlap"}));
+}
+
+TEST_F(ValidationBackward, GradientsAliasingIsAnError) {
+  Dims p;
+  p.sk = p.sq;
+  p.hkv = p.hq;
+  BackwardArgs a = make_bwd(p);
+  a.dk.data = a.dq.data;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dq", "overlaps dk"}));
+  a = make_bwd(p);
+  a.dq.data = a.q.data;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dq", "overlaps q", "is read"}));
+  a = make_bwd(p);
+  a.dv.data = a.dout.data;
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dv", "overlaps dout"}));
+}
+
+TEST_F(ValidationBackward, PackedGradientsPass) {
+  // dq, dk, dv interleaved in one (b, s, 3, h, d) buffer, like a packed QKV.
+  Dims p;
+  p.sk = p.sq;
+  p.hkv = p.hq;
+  BackwardArgs a = make_bwd(p);
+  const int64_t hd = p.hq * p.d;
+  const uintptr_t base = 0x40000000;
+  for (int i = 0; i < 3; ++i) {
+    TensorView* g = i == 0 ? &a.dq : i == 1 ? &a.dk : &a.dv;
+    *g = TensorView::make4d(fake(base + uintptr_t(i) * hd * 2), p.dt, p.b, p.sq, p.hq, p.d, p.sq * 3 * hd, 3 * hd, p.d, 1);
+  }
+  EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));
+  a.dk.data = fake(base + 64);  // now dk's heads land inside dq's rows
+  EXPECT_TRUE(IsError(flash3::validate_backward(a), StatusCode::kInvalidArgument, {"dq", "overlaps dk"}));
 }
 
 TEST_F(ValidationForward, CuSeqlensOnlyOneSide) {
@@ -682,6 +789,50 @@ TEST_F(ValidationParams, NoMaskByDefault) {
   EXPECT_FALSE(p.is_local);
   EXPECT_EQ(p.window_left, -1);
   EXPECT_EQ(p.window_right, -1);
+}
+
+TEST_F(ValidationParams, ZeroScaleIsExactWithAFiniteExponentScale) {
+  ForwardArgs a = make_fwd();
+  a.opts.softmax_scale = 0.f;
+  const FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_EQ(p.softmax_scale, 0.f);
+  // -inf * 0 would be NaN for masked scores: the exponent uses FLT_MIN.
+  EXPECT_EQ(p.softmax_scale_log2, std::numeric_limits<float>::min());
+}
+
+TEST_F(ValidationParams, WindowsFollowFlashAttention3) {
+  // Dims: seqlen_q 128, seqlen_k 256.
+  ForwardArgs a = make_fwd();
+  struct Case {
+    bool causal;
+    int wl, wr;
+    bool is_causal, is_local;
+    int want_l, want_r;
+  };
+  const Case cases[] = {
+      {false, INT32_MAX, -1, false, false, -1, -1},  // cuts nothing
+      {false, -1, INT32_MAX, false, false, -1, -1},
+      {false, INT32_MAX, 0, true, false, -1, 0},      // the causal mask
+      {false, 255, 3, false, true, -1, 3},            // left >= seqlen_k - 1: unbounded
+      {false, 254, 3, false, true, 254, 3},
+      {false, 10, 127, false, true, 10, -1},          // right >= seqlen_q - 1: unbounded
+      {false, 10, 126, false, true, 10, 126},
+      {false, -5, -9, false, false, -1, -1},          // any negative side is unbounded
+      {true, -1, 5, true, false, -1, 0},              // causal forces right = 0
+      {true, 16, INT32_MAX, false, true, 16, 0},      // causal + finite left: local
+      {true, INT32_MAX, 7, true, false, -1, 0},
+  };
+  for (const Case& c : cases) {
+    a.opts.causal = c.causal;
+    a.opts.window_left = c.wl;
+    a.opts.window_right = c.wr;
+    const FwdParams p = flash3::make_fwd_params(a);
+    SCOPED_TRACE(testing::Message() << "causal " << c.causal << " window (" << c.wl << ", " << c.wr << ")");
+    EXPECT_EQ(p.is_causal, c.is_causal);
+    EXPECT_EQ(p.is_local, c.is_local);
+    EXPECT_EQ(p.window_left, c.want_l);
+    EXPECT_EQ(p.window_right, c.want_r);
+  }
 }
 
 TEST_F(ValidationParams, CausalNormalisedToWindow) {
