@@ -519,4 +519,42 @@ inline flash3::Status run_behind_gate(cudaStream_t test_stream,
   return st;
 }
 
+// A CUDA error the caller left pending (an unrelated failed launch) is not the
+// call's error: `call` (the operation on `stream`) succeeds and the error is
+// still pending afterwards. A first call raises the kernels' shared-memory
+// limits (cudaFuncSetAttribute, which resets a pending error: flash3.h), so the
+// pending error is left after it. Returns the second call's status.
+inline flash3::Status call_with_pending_error(const std::function<flash3::Status()>& call, cudaStream_t stream) {
+  EXPECT_TRUE(call().ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const cudaError_t pending = leave_pending_launch_error();
+  EXPECT_NE(pending, cudaSuccess) << "no pending error to test with";
+  const flash3::Status st = call();
+  EXPECT_TRUE(st.ok()) << "a pending error of an unrelated launch failed the call: " << st.message;
+  // Not the call's to clear either (flash3.h); this also leaves none behind.
+  EXPECT_EQ(cudaGetLastError(), pending) << "the caller's pending error was cleared";
+  return st;
+}
+
+// `launch` on a stream created on another device than the current one (the
+// tensors' device) returns kInvalidArgument. Needs two GPUs.
+inline void expect_other_device_stream_rejected(const std::function<flash3::Status(cudaStream_t)>& launch) {
+  int cur = 0;
+  ASSERT_EQ(cudaGetDevice(&cur), cudaSuccess);
+  const int other = cur == 0 ? 1 : 0;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+  const cudaError_t created = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  ASSERT_EQ(cudaSetDevice(cur), cudaSuccess);
+  ASSERT_EQ(created, cudaSuccess) << "stream on device " << other;
+  const flash3::Status st = launch(s);
+  EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument)
+      << "a stream of device " << other << " for tensors of device " << cur << ": " << st.message;
+  ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  ASSERT_EQ(cudaSetDevice(cur), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 }  // namespace flash3::gputest

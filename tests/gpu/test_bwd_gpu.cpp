@@ -1107,17 +1107,7 @@ TEST(BwdGpu, PendingCudaErrorDoesNotFailTheCall) {
   c.name = "bwd_pending_cuda_error";
   c.seed = fnv1a(c.name);
   check_case(c, [](const flash3::BackwardArgs& a) {
-    // A first call raises the kernels' shared-memory limits (cudaFuncSetAttribute,
-    // which resets a pending error: flash3.h), so the pending error comes after it.
-    EXPECT_TRUE(flash3::backward(a, dev().stream).ok());
-    EXPECT_EQ(cudaStreamSynchronize(dev().stream), cudaSuccess);
-    const cudaError_t pending = leave_pending_launch_error();
-    EXPECT_NE(pending, cudaSuccess) << "no pending error to test with";
-    const flash3::Status st = flash3::backward(a, dev().stream);
-    EXPECT_TRUE(st.ok()) << "a pending error of an unrelated launch failed the call: " << st.message;
-    // Not the call's to clear either (flash3.h); this also leaves none behind.
-    EXPECT_EQ(cudaGetLastError(), pending) << "the caller's pending error was cleared";
-    return st;
+    return call_with_pending_error([&] { return flash3::backward(a, dev().stream); }, dev().stream);
   });
 }
 
@@ -1166,22 +1156,8 @@ TEST(BwdGpu, StreamOfAnotherDeviceIsRejected) {
   DeviceState& ds = dev();
   ASSERT_TRUE(run_forward(c, b.plan).ok());
   ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "forward"));
-  int cur = 0;
-  ASSERT_TRUE(cuda_ok(cudaGetDevice(&cur), "device"));
-  const int other = cur == 0 ? 1 : 0;
-  cudaStream_t s = nullptr;
-  ASSERT_TRUE(cuda_ok(cudaSetDevice(other), "set device"));
-  const cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  ASSERT_TRUE(cuda_ok(cudaSetDevice(cur), "set device"));
-  ASSERT_TRUE(cuda_ok(ce, "stream on the other device"));
-  const flash3::Status st = flash3::backward(make_bwd_args(c, b.plan, ds.grad.ptr), s);
-  EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument)
-      << "a stream of device " << other << " for tensors of device " << cur << ": " << st.message;
-  ASSERT_TRUE(cuda_ok(cudaSetDevice(other), "set device"));
-  cudaStreamSynchronize(s);
-  cudaStreamDestroy(s);
-  ASSERT_TRUE(cuda_ok(cudaSetDevice(cur), "set device"));
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const flash3::BackwardArgs a = make_bwd_args(c, b.plan, ds.grad.ptr);
+  expect_other_device_stream_rejected([&](cudaStream_t s) { return flash3::backward(a, s); });
 }
 
 // Gradients that alias each other or an input are rejected before any launch;

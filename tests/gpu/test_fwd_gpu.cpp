@@ -923,17 +923,7 @@ TEST(FwdGpu, PendingCudaErrorDoesNotFailTheCall) {
   c.name = "pending_cuda_error";
   c.seed = fnv1a(c.name);
   check_case(c, [](const flash3::ForwardArgs& a) {
-    // A first call raises the kernels' shared-memory limits (cudaFuncSetAttribute,
-    // which resets a pending error: flash3.h), so the pending error comes after it.
-    EXPECT_TRUE(flash3::forward(a, dev().stream).ok());
-    EXPECT_EQ(cudaStreamSynchronize(dev().stream), cudaSuccess);
-    const cudaError_t pending = leave_pending_launch_error();
-    EXPECT_NE(pending, cudaSuccess) << "no pending error to test with";
-    const flash3::Status st = flash3::forward(a, dev().stream);
-    EXPECT_TRUE(st.ok()) << "a pending error of an unrelated launch failed the call: " << st.message;
-    // Not the call's to clear either (flash3.h); this also leaves none behind.
-    EXPECT_EQ(cudaGetLastError(), pending) << "the caller's pending error was cleared";
-    return st;
+    return call_with_pending_error([&] { return flash3::forward(a, dev().stream); }, dev().stream);
   });
 }
 
@@ -975,22 +965,8 @@ TEST(FwdGpu, StreamOfAnotherDeviceIsRejected) {
   Buffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
-  int cur = 0;
-  FLASH3_CUDA_OK(cudaGetDevice(&cur));
-  const int other = cur == 0 ? 1 : 0;
-  cudaStream_t s = nullptr;
-  FLASH3_CUDA_OK(cudaSetDevice(other));
-  const cudaError_t ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  FLASH3_CUDA_OK(cudaSetDevice(cur));
-  FLASH3_CUDA_OK(ce);
-  const flash3::Status st = flash3::forward(make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>()), s);
-  EXPECT_EQ(st.code, flash3::StatusCode::kInvalidArgument)
-      << "a stream of device " << other << " for tensors of device " << cur << ": " << st.message;
-  FLASH3_CUDA_OK(cudaSetDevice(other));
-  cudaStreamSynchronize(s);
-  cudaStreamDestroy(s);
-  FLASH3_CUDA_OK(cudaSetDevice(cur));
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
+  expect_other_device_stream_rejected([&](cudaStream_t s) { return flash3::forward(a, s); });
 }
 
 // Outputs that alias an input, or each other, are rejected before any launch.
