@@ -49,8 +49,14 @@ BackwardArgs backward_slice(const BackwardArgs& a, int64_t b0, int64_t n) {
   return s;
 }
 
+// Whether k's shape can size scratch (a caller may size it from q alone).
+bool k_usable(const TensorView& q, const TensorView& k) {
+  return k.ndim == 4 && k.shape[1] >= 0 && k.shape[1] <= INT32_MAX && k.shape[2] > 0 && k.shape[2] <= q.shape[2] &&
+         q.shape[2] % k.shape[2] == 0;
+}
+
 // The scratch bytes of a launch of `batch` elements; the shapes come from q
-// (and k / v where defined).
+// (and k / v where usable).
 size_t workspace_bytes_for(const BackwardArgs& args, int64_t batch) {
   const TensorView& q = args.q;
   const TensorView& k = args.k;
@@ -60,9 +66,7 @@ size_t workspace_bytes_for(const BackwardArgs& args, int64_t batch) {
   p.heads_q = static_cast<int>(q.shape[2]);
   p.head_dim = static_cast<int>(q.shape[3]);
   p.head_dim_v = static_cast<int>(args.v.shape[3]);
-  const bool have_k = k.ndim == 4 && k.shape[1] >= 0 && k.shape[1] <= INT32_MAX && k.shape[2] > 0 &&
-                      k.shape[2] <= p.heads_q && p.heads_q % k.shape[2] == 0;
-  if (!have_k) return backward_workspace_bytes_bound(p);
+  if (!k_usable(q, k)) return backward_workspace_bytes_bound(p);
   p.seqlen_k = static_cast<int>(k.shape[1]);
   p.heads_kv = static_cast<int>(k.shape[2]);
   apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
@@ -149,7 +153,7 @@ size_t backward_workspace_size(const BackwardArgs& args) {
       if (q.shape[i] <= 0) return 0;
     if (q.shape[0] > INT32_MAX || q.shape[1] > INT32_MAX || q.shape[2] > INT32_MAX || q.shape[3] > 256) return 0;
     const TensorView& k = args.k;
-    const bool have_k = k.ndim == 4 && k.shape[1] >= 0 && k.shape[2] > 0;
+    const bool have_k = k_usable(q, k);
     int64_t per_launch = batch_per_launch(q.shape[1], have_k ? k.shape[1] : q.shape[1], q.shape[2],
                                           have_k ? k.shape[2] : q.shape[2]);
     if (per_launch <= 0) return 0;
