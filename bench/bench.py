@@ -35,6 +35,13 @@ Modes:
                    sustained, fitted as T = slope * sq + intercept: intercept / slope is what
                    a KV-block tile costs besides its query-block iterations (launch, first
                    loads, epilogue), in query rows (in iterations with --tile-m).
+  --varlen         variable-length forward and backward (--passes), sustained and interleaved
+                   like --steady:
+                   (a) every headline row as a varlen batch of equal lengths next to the
+                   fixed-length call on the same tensors (varlen / fixed); (b) a document mix
+                   (--tokens in lengths drawn log-uniformly from 64..8192, causal, d = 128):
+                   one varlen call next to one fixed-length call per document (flash3 and
+                   cuDNN), in TFLOP/s of useful (causal) work.
   --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
@@ -98,8 +105,20 @@ _OPTION_FIELDS = [
 ]
 
 
+_VARLEN_FIELDS = [
+    ("num_sequences", ctypes.c_int32),
+    ("seqused_q", ctypes.POINTER(ctypes.c_int32)),
+    ("seqused_k", ctypes.POINTER(ctypes.c_int32)),
+]
+
+
 class F3Options(ctypes.Structure):
     """flash3_options: struct_size first (set by flash3_default_options)."""
+    _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS + _VARLEN_FIELDS
+
+
+class F3OptionsV1(ctypes.Structure):
+    """flash3_options before the varlen fields (num_sequences, seqused_*): --ab against such builds."""
     _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS
 
 
@@ -120,7 +139,8 @@ class Flash3Lib:
         lib.flash3_default_options.restype = F3Options
         lib.flash3_default_options.argtypes = []
         probe = lib.flash3_default_options()
-        self.Options = F3Options if probe.struct_size == ctypes.sizeof(F3Options) else F3OptionsNoSize
+        sized = {ctypes.sizeof(F3Options): F3Options, ctypes.sizeof(F3OptionsV1): F3OptionsV1}
+        self.Options = sized.get(probe.struct_size, F3OptionsNoSize)
         lib.flash3_default_options.restype = self.Options
         T = ctypes.POINTER(F3Tensor)
         O = ctypes.POINTER(self.Options)
@@ -974,6 +994,151 @@ def run_interleaved(args, torch, F, passes, causals, dtype):
 
 
 # ---------------------------------------------------------------------------
+# Varlen mode.
+# ---------------------------------------------------------------------------
+def f3_varlen_fwd(torch, lib, q, k, v, lens_q, lens_k, scale, causal, stream, pss="fwd"):
+    """flash3's varlen forward (pss "fwd") or backward ("bwd": after one
+    forward, with a random dout and the scratch from
+    flash3_backward_workspace_size) on (total, h, d) tensors with sequence
+    lengths lens_q / lens_k: a zero-argument callable returning the status
+    (the buffers it needs are kept alive by the closure)."""
+    P = ctypes.byref
+    dt = FLASH3_BF16 if q.dtype == torch.bfloat16 else FLASH3_FP16
+    cu = [torch.tensor([0] + list(itertools_accumulate(x)), device=q.device, dtype=torch.int32)
+          for x in (lens_q, lens_k)]
+    out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), device=q.device, dtype=q.dtype)
+    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32)
+    opts = lib.options(scale, causal)
+    opts.cu_seqlens_q = ctypes.cast(cu[0].data_ptr(), ctypes.POINTER(ctypes.c_int32))
+    opts.cu_seqlens_k = ctypes.cast(cu[1].data_ptr(), ctypes.POINTER(ctypes.c_int32))
+    opts.max_seqlen_q, opts.max_seqlen_k = max(lens_q), max(lens_k)
+    opts.num_sequences = len(lens_q)
+    t = [f3_tensor(x, dt) for x in (q, k, v, out)]
+    tl = f3_tensor(lse, FLASH3_FP32)
+    keep = [cu, out, lse, opts, t, tl]
+    st = ctypes.c_void_p(stream)
+
+    def fn():
+        _ = keep
+        return lib.lib.flash3_forward(P(t[0]), P(t[1]), P(t[2]), P(t[3]), P(tl), P(opts), st)
+    if pss == "fwd":
+        return fn
+    status = fn()
+    dout = torch.randn_like(out)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    tg = [f3_tensor(x, dt) for x in [dout] + grads]
+    ws_bytes = lib.lib.flash3_backward_workspace_size(P(t[0]), P(t[1]), P(t[2]), P(opts))
+    ws = torch.empty(max(int(ws_bytes), 1), device=q.device, dtype=torch.uint8)
+    keep += [dout, grads, tg, ws]
+
+    def bwd():
+        _ = keep
+        if status != FLASH3_OK:
+            return status
+        return lib.lib.flash3_backward(P(t[0]), P(t[1]), P(t[2]), P(t[3]), P(tg[0]), P(tl), None, P(tg[1]), P(tg[2]),
+                                       P(tg[3]), P(opts), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws_bytes),
+                                       st)
+    return bwd
+
+
+def itertools_accumulate(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def doc_mix_lengths(tokens, lo=64, hi=8192, seed=0):
+    """Lengths drawn log-uniformly from [lo, hi] until `tokens` are used (the last one cut)."""
+    import random
+    rng = random.Random(seed)
+    lens, left = [], tokens
+    while left > 0:
+        n = min(left, int(round(math.exp(rng.uniform(math.log(lo), math.log(hi))))))
+        lens.append(n)
+        left -= n
+    return lens
+
+
+def run_varlen(args, torch, F, dtype):
+    lib = Flash3Lib(args.lib)
+    stream = torch.cuda.current_stream().cuda_stream
+    print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
+          f" | dtype {args.dtype} | rounds {args.rounds} | iters {args.iters} | warmup {args.warmup_ms:g} ms"
+          f" | flash3 {lib.version()} ({lib.path})")
+    failed = False
+
+    def timed(fns):
+        times = interleave(torch, fns, args.rounds, args.iters, args.warmup_ms, args.gap_s)
+        return {n: statistics.median(t) for n, t in times.items()}, \
+            {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()}
+
+    passes = parse_list(args.passes, lambda x: x.strip().lower())
+    print("\n(a) equal lengths: varlen against fixed length")
+    print("| hdim | seqlen | causal | pass | fixed TFLOP/s | varlen TFLOP/s | varlen/fixed |")
+    print("|---:|---:|---:|---|---:|---:|---:|")
+    ratios = {p: [] for p in passes}
+    for hdim, seqlen, causal, pss, scale, flops, (q, k, v, dout) in each_row(torch, args, parse_causal(args.causal),
+                                                                             passes, dtype):
+        b, sq, h, d = q.shape
+        call = Flash3Call(torch, lib, q, k, v, dout, lib.options(scale, causal), stream)
+        vfn = f3_varlen_fwd(torch, lib, q.reshape(b * sq, h, d), k.reshape(b * sq, -1, d), v.reshape(b * sq, -1, d),
+                            [sq] * b, [sq] * b, scale, causal, stream, pss)
+        ffn = call.fwd if pss == "fwd" else call.bwd
+        if call.status != FLASH3_OK or ffn() != FLASH3_OK or vfn() != FLASH3_OK:
+            print(f"  d={hdim} s={seqlen} {pss}: {lib.last_error()}")
+            failed = True
+            continue
+        ms, spread = timed({"fixed": ffn, "varlen": vfn})
+        tf = {n: flops / (ms[n] * 1e-3) / 1e12 for n in ms}
+        ratios[pss].append(tf["varlen"] / tf["fixed"])
+        print(f"| {hdim} | {fmt_len(seqlen)} | {'yes' if causal else 'no'} | {pss} | {tf['fixed']:.1f} "
+              f"({100 * spread['fixed']:.0f}%) | {tf['varlen']:.1f} ({100 * spread['varlen']:.0f}%) | "
+              f"{ratios[pss][-1]:.3f} |")
+        sys.stdout.flush()
+        del call, vfn
+    for p, rs in ratios.items():
+        if rs:
+            print(f"{p}: geomean varlen/fixed = {geomean(rs):.3f} over {len(rs)} rows; lowest {min(rs):.3f}")
+
+    lens = doc_mix_lengths(args.tokens)
+    hdim, heads = 128, max(1, args.hidden // 128)
+    scale = 1.0 / math.sqrt(hdim)
+    useful = sum(fwd_flops(1, heads, n, n, hdim, True) for n in lens)
+    print(f"\n(b) document mix: {len(lens)} causal documents, {sum(lens)} tokens (lengths {min(lens)}..{max(lens)}), "
+          f"d = {hdim}, {heads} heads; TFLOP/s of useful (causal) forward work")
+    torch.manual_seed(7)
+    total = sum(lens)
+    q, k, v = (torch.randn((total, heads, hdim), device="cuda", dtype=dtype) for _ in range(3))
+    print("| pass | contender | ms | TFLOP/s | spread |")
+    print("|---|---|---:|---:|---:|")
+    for pss in passes:
+        mult = 1.0 if pss == "fwd" else 2.5
+        fns = {"flash3 varlen": f3_varlen_fwd(torch, lib, q, k, v, lens, lens, scale, True, stream, pss)}
+        per_doc, per_doc_cudnn, starts = [], [], [0] + list(itertools_accumulate(lens))
+        for i, n in enumerate(lens):
+            qs, ks, vs = (x[starts[i]:starts[i + 1]].unsqueeze(0) for x in (q, k, v))
+            per_doc.append(Flash3Call(torch, lib, qs, ks, vs, torch.randn_like(qs), lib.options(scale, True), stream))
+            if not args.no_cudnn:
+                per_doc_cudnn.append(cudnn_sdpa_fn(torch, F, qs.transpose(1, 2), ks.transpose(1, 2),
+                                                   vs.transpose(1, 2), True, scale, pss))
+        fns["flash3 per document"] = (lambda: [c.fwd() for c in per_doc]) if pss == "fwd" else \
+            (lambda: [c.bwd() for c in per_doc])
+        if per_doc_cudnn:
+            fns["cuDNN per document"] = lambda: [f() for f in per_doc_cudnn]
+        if fns["flash3 varlen"]() != FLASH3_OK:
+            print(f"  varlen {pss}: {lib.last_error()}")
+            failed = True
+            continue
+        ms, spread = timed(fns)
+        for n in fns:
+            print(f"| {pss} | {n} | {ms[n]:.3f} | {mult * useful / (ms[n] * 1e-3) / 1e12:.1f} | "
+                  f"{100 * spread[n]:.0f}% |")
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------
 # Power mode.
 # ---------------------------------------------------------------------------
 def run_batch(torch, fn, n=4):
@@ -1119,6 +1284,8 @@ def parse_args(argv=None):
     g.add_argument("--gap-s", type=float, default=None, help="idle seconds before each round (default 0; --steady 1)")
     g.add_argument("--deterministic-too", action="store_true",
                    help="also time every library with opts.deterministic = 1 (contender NAME-det)")
+    g = ap.add_argument_group("varlen mode")
+    g.add_argument("--varlen", action="store_true", help="varlen against fixed length, and a document mix")
     g = ap.add_argument_group("power mode")
     g.add_argument("--power", action="store_true", help="power, clock and energy per call under sustained load")
     g.add_argument("--seconds", type=float, default=4.0,
@@ -1130,13 +1297,17 @@ def parse_args(argv=None):
     g.add_argument("--tile-m", type=int, default=0, help="query rows per iteration, to express X in iterations")
     args = ap.parse_args(argv)
 
-    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv") if getattr(args, m)]
+    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen") if getattr(args, m)]
     if "steady" in modes and "ab" in modes:
         modes.remove("steady")
     if len(modes) > 1:
         ap.error("choose one mode: --ab / --steady, --power, --fixed-cost or --from-csv")
     args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
+    if args.varlen:
+        args.mode = "varlen"
     interleaved = args.mode == "interleaved"
+    if args.varlen:  # sustained and interleaved, as --steady
+        args.steady = True
     if args.steady or (args.power and args.hdims is None and args.seqlens is None):
         args.headline = args.headline or (args.hdims is None and args.seqlens is None)
     if args.fixed_cost:
@@ -1206,6 +1377,8 @@ def main(argv=None):
         return run_interleaved(args, torch, F, passes, causals, dtype)
     if args.mode == "power":
         return run_power(args, torch, F, passes, causals, dtype)
+    if args.mode == "varlen":
+        return run_varlen(args, torch, F, dtype)
     if args.mode == "fixed_cost":
         return run_fixed_cost(args, torch, dtype)
     return run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype)

@@ -58,7 +58,9 @@ class F3Options(ctypes.Structure):
                 ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
                 ("deterministic", ctypes.c_int32),
                 ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
-                ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32)]
+                ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
+                ("num_sequences", ctypes.c_int32), ("seqused_q", ctypes.POINTER(ctypes.c_int32)),
+                ("seqused_k", ctypes.POINTER(ctypes.c_int32))]
 
 
 def f3t(t, code):

@@ -89,12 +89,31 @@ struct AttentionOptions {
   // Backward: bitwise reproducible dQ / dK / dV. Cost on an H200 (bf16, sustained):
   // 1-12% unmasked, 5-12% causal at 4k-16k, d = 64 / 128 (docs/performance.md).
   bool deterministic = false;
-  // Optional variable-length batches: int32 device arrays of batch+1 prefix sums.
-  // When set, q/k/v are (total_tokens, heads, head_dim) and batch = len(cu_seqlens)-1.
+  // Variable-length batches, forward and backward. cu_seqlens_q / cu_seqlens_k
+  // are int32 device arrays of num_sequences + 1 prefix sums (both or neither);
+  // q/k/v/out are then (total_tokens, heads, head_dim) and softmax_lse is
+  // (heads, total_q). Sequence b owns rows [cu[b], cu[b+1]); masks are aligned
+  // bottom-right per sequence; sequences of length 0 are valid. The prefix sums
+  // live on the device and are not read by the host (no synchronisation):
+  // values outside [0, total_tokens] are clamped and a decreasing pair gives
+  // a sequence of length 0, so nothing outside the tensors is ever read or
+  // written, but such inputs give meaningless results.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
+  // max_seqlen_q / max_seqlen_k (> 0): the longest sequence, as in
+  // FlashAttention-3. Used only to normalise the window (a side >= max - 1
+  // cuts nothing and becomes unbounded); a value below a real length is not
+  // detected and turns such a window off for the longer sequences.
   int max_seqlen_q = 0;
   int max_seqlen_k = 0;
+  // Number of sequences (cu_seqlens_* have num_sequences + 1 entries); >= 0.
+  int num_sequences = 0;
+  // Optional int32 device arrays of num_sequences entries: how many tokens of
+  // each sequence are real (the rest of its rows are neither read nor
+  // written: out / lse / dq / dk / dv keep their contents there). Clamped to
+  // [0, cu[b+1] - cu[b]].
+  const int* seqused_q = nullptr;
+  const int* seqused_k = nullptr;
 };
 
 struct ForwardArgs {

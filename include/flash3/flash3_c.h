@@ -41,13 +41,22 @@ typedef struct {
   int32_t window_right; /* < 0: unbounded */
   float softcap;        /* 0: off */
   int32_t deterministic;
+  /* Variable length (forward only so far), as in flash3.h: int32 device arrays of
+   * num_sequences + 1 prefix sums, both or neither; q/k/v/out are then
+   * (total, heads, head_dim) and lse (heads, total_q). */
   const int32_t* cu_seqlens_q; /* NULL: fixed length */
   const int32_t* cu_seqlens_k;
-  int32_t max_seqlen_q;
+  int32_t max_seqlen_q;        /* > 0 with cu_seqlens: the longest sequence */
   int32_t max_seqlen_k;
+  /* Fields added after the first layout above: a caller's struct_size says
+   * whether they are present. */
+  int32_t num_sequences;       /* >= 0: number of sequences (cu_seqlens_* have num_sequences + 1 entries) */
+  const int32_t* seqused_q;    /* NULL, or int32 device array of num_sequences real-token counts (needs cu_seqlens_q) */
+  const int32_t* seqused_k;    /* NULL, or as seqused_q for the keys (needs cu_seqlens_k) */
 } flash3_options;
 
-/* Defaults: struct_size set, scale from head_dim (NaN), no mask, no softcap. */
+/* Defaults: struct_size set, scale from head_dim (NaN), no mask, no softcap,
+ * fixed length (cu_seqlens / seqused NULL, max_seqlen and num_sequences 0). */
 flash3_options flash3_default_options(void);
 
 /* lse may be NULL (not stored). opts may be NULL (defaults). stream is a

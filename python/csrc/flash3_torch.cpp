@@ -4,19 +4,34 @@
 //       -> (out, softmax_lse)
 //   flash3::bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
 //               window_right, softcap, deterministic) -> (dq, dk, dv)
+//   flash3::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+//                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+//                      deterministic) -> (out, softmax_lse)
+//       variable-length forward: q (total_q, hq, d), k (total_k, hkv, d), v (total_k, hkv, dv),
+//       out (total_q, hq, dv), softmax_lse (hq, total_q) fp32; rows of out / softmax_lse that no
+//       sequence writes (beyond seqused, beyond cu_seqlens_q[-1]) are left as allocated.
+//   flash3::varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+//                      seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+//                      window_right, softcap, deterministic, dlse) -> (dq, dk, dv)
+//       variable-length backward, the layouts of varlen_fwd (dout as out, dlse as softmax_lse);
+//       dq / dk / dv are zero-filled: rows that no sequence writes (beyond seqused, beyond
+//       cu_seqlens[-1]) stay 0, as in FlashAttention-3. dlse comes last (optional) so that the
+//       other arguments keep FlashAttention-3's varlen backward order.
 //
 // Kernels registered here:
 //   CUDA      the real implementation: checks every argument (raising ValueError / TypeError /
 //             NotImplementedError naming the argument) before anything is queued, allocates
-//             out / lse / dq / dk / dv / workspace with the caching allocator (at::empty: CUDA-graph
-//             safe), and calls flash3::forward / flash3::backward on the current stream.
+//             out / lse / dq / dk / dv / workspace with the caching allocator (at::empty, at::zeros
+//             for the varlen gradients: CUDA-graph safe), and calls flash3::forward /
+//             flash3::backward on the current stream.
 //   CPU       raises the "must be a CUDA tensor" error (instead of the dispatcher's generic
 //             "could not run ... with arguments from the 'CPU' backend").
-//   Autograd  (fwd only) a C++ autograd function whose backward calls flash3::bwd. Doing this in
+//   Autograd  fwd: a C++ autograd function whose backward calls flash3::bwd; varlen_fwd: one whose
+//             backward calls flash3::varlen_bwd (gradients for q, k, v only). Doing this in
 //             C++ rather than with torch.library.register_autograd keeps the per-call Python
 //             overhead down (no Python autograd kernel on every call); torch.compile traces it
-//             like any other C++ autograd kernel (the backward's flash3::bwd call lands in the
-//             backward graph through its fake implementation).
+//             like any other C++ autograd kernel (the backward's flash3::bwd / flash3::varlen_bwd
+//             call lands in the backward graph through its fake implementation).
 // The fake (meta) implementations used by torch.compile live in Python
 // (flash3/flash_attn_interface.py, torch.library.register_fake).
 //
@@ -43,6 +58,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -107,6 +123,12 @@ std::string dtype_str(at::ScalarType t) {
     case at::kBFloat16: return "torch.bfloat16";
     case at::kFloat: return "torch.float32";
     case at::kDouble: return "torch.float64";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
     default: return std::string("torch.") + c10::toString(t);
   }
 }
@@ -204,6 +226,107 @@ void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_head_dim(q, v);
 }
 
+// ---------------------------------------------------------------------------
+// Variable length (varlen_fwd). Only the host-side facts are checked here: the contents of
+// cu_seqlens_* / seqused_* live on the device and are never read by the host (no sync).
+// ---------------------------------------------------------------------------
+void check_3d(const Tensor& t, const char* name, const char* layout) {
+  if (!(t.dim() == 3)) value_error("flash3: ", name, " has ", t.dim(), " dimensions (shape ", shape_str(t), "); expected a 3-d tensor ", layout, " (variable length: the sequences concatenated along dim 0)");
+}
+
+// An int32 index vector (cu_seqlens_*, seqused_*): CUDA, on q's device, int32, 1-d, contiguous.
+void check_int32_vector(const Tensor& t, const char* name, const Tensor& q, const char* what) {
+  if (!(t.is_cuda())) value_error("flash3: ", name, " must be a CUDA tensor on q's device (", q.device().str(), "), but ", name, " is on device '", t.device().str(), "' (move it with ", name, ".to(q.device))");
+  check_same_device(t, name, q, "q");
+  if (!(t.scalar_type() == at::kInt)) type_error("flash3: ", name, ".dtype is ", dtype_str(t.scalar_type()), "; expected torch.int32 (", what, "; use ", name, ".to(torch.int32))");
+  if (!(t.dim() == 1)) value_error("flash3: ", name, " has ", t.dim(), " dimensions (shape ", shape_str(t), "); expected a 1-d tensor (", what, ")");
+  if (!(t.is_contiguous())) value_error("flash3: ", name, ".stride(0) is ", t.stride(0), "; expected a contiguous tensor (use ", name, ".contiguous())");
+}
+
+void check_max_seqlen(int64_t m, const char* name, const char* what) {
+  if (!(m >= 1 && m <= INT32_MAX)) value_error("flash3: ", name, " is ", m, "; expected a value in [1, 2147483647] (the length of the longest ", what, " sequence)");
+}
+
+void check_seqused(const std::optional<Tensor>& t, const char* name, const Tensor& q, const char* what,
+                   int64_t num_sequences) {
+  if (!(t.has_value() && t->defined())) return;  // None: every row of a sequence is real
+  check_int32_vector(*t, name, q, what);
+  if (!(t->numel() == num_sequences)) value_error("flash3: ", name, " has ", t->numel(), " entries; expected ", num_sequences, " (num_sequences = cu_seqlens_q.numel() - 1)");
+}
+
+constexpr const char* kCuSeqlensQ = "num_sequences + 1 prefix sums of the query lengths";
+constexpr const char* kCuSeqlensK = "num_sequences + 1 prefix sums of the key lengths";
+
+void check_varlen_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                         const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+                         const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  check_cuda(q, "q");
+  check_cuda(k, "k");
+  check_cuda(v, "v");
+  check_same_device(k, "k", q, "q");
+  check_same_device(v, "v", q, "q");
+  check_dtype_q(q);
+  check_same_dtype(k, "k", q);
+  check_same_dtype(v, "v", q);
+  check_3d(q, "q", "(total_q, num_heads_q, head_dim)");
+  check_3d(k, "k", "(total_k, num_heads_kv, head_dim)");
+  check_3d(v, "v", "(total_k, num_heads_kv, head_dim_v)");
+  check_last_dim_contiguous(q, "q", "head_dim");
+  check_last_dim_contiguous(k, "k", "head_dim");
+  check_last_dim_contiguous(v, "v", "head_dim_v");
+  if (!(v.size(0) == k.size(0))) value_error("flash3: v.shape[0] (total_k) is ", v.size(0), "; expected ", k.size(0), " to match k.shape[0] (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(v.size(1) == k.size(1))) value_error("flash3: v.shape[1] (num_heads_kv) is ", v.size(1), "; expected ", k.size(1), " to match k.shape[1] (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(k.size(2) == q.size(2))) value_error("flash3: k.shape[2] (head_dim) is ", k.size(2), "; expected ", q.size(2), " to match q.shape[2] (q ", shape_str(q), ", k ", shape_str(k), ")");
+  if (!(k.size(1) >= 1 && q.size(1) % k.size(1) == 0)) value_error("flash3: q.shape[1] (num_heads_q) is ", q.size(1), ", which is not a multiple of k.shape[1] (num_heads_kv) ", k.size(1), "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  check_head_dim(q, v);
+  check_int32_vector(cu_seqlens_q, "cu_seqlens_q", q, kCuSeqlensQ);
+  check_int32_vector(cu_seqlens_k, "cu_seqlens_k", q, kCuSeqlensK);
+  if (!(cu_seqlens_q.numel() >= 1)) value_error("flash3: cu_seqlens_q is empty (shape ", shape_str(cu_seqlens_q), "); expected num_sequences + 1 >= 1 entries (", kCuSeqlensQ, ", starting with 0)");
+  if (!(cu_seqlens_k.numel() == cu_seqlens_q.numel())) value_error("flash3: cu_seqlens_k has ", cu_seqlens_k.numel(), " entries; expected ", cu_seqlens_q.numel(), " to match cu_seqlens_q (both hold num_sequences + 1 prefix sums)");
+  const int64_t num_sequences = cu_seqlens_q.numel() - 1;
+  if (!(num_sequences <= INT32_MAX)) value_error("flash3: cu_seqlens_q has ", cu_seqlens_q.numel(), " entries; expected at most 2147483648 (num_sequences is an int32)");
+  check_seqused(seqused_q, "seqused_q", q, "num_sequences counts of the real query tokens", num_sequences);
+  check_seqused(seqused_k, "seqused_k", q, "num_sequences counts of the real key tokens", num_sequences);
+  check_max_seqlen(max_seqlen_q, "max_seqlen_q", "query");
+  check_max_seqlen(max_seqlen_k, "max_seqlen_k", "key");
+}
+
+// "(a, b, c)": an expected shape, printed as shape_str prints a tensor's.
+std::string dims_str(std::initializer_list<int64_t> dims) {
+  std::string s = "(";
+  size_t i = 0;
+  for (const int64_t d : dims) s += (i++ ? ", " : "") + std::to_string(d);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+// The checks of varlen_bwd after varlen_fwd's (check_varlen_inputs): dout / out / softmax_lse as
+// varlen_fwd returns them, a backward kernel for the head dims, and dlse (any float dtype, shaped
+// like softmax_lse; converted to fp32 by the caller). The fixed-length bwd's checks, in the same
+// order, with the varlen shapes spelled out (the fixed-length bwd leaves softmax_lse's shape to
+// the library).
+void check_varlen_backward_tensors(const Tensor& dout, const Tensor& q, const Tensor& v, const Tensor& out,
+                                   const Tensor& lse, const std::optional<Tensor>& dlse) {
+  check_cuda(dout, "dout");
+  check_cuda(out, "out");
+  check_cuda(lse, "softmax_lse");
+  check_same_device(dout, "dout", q, "q");
+  check_same_device(out, "out", q, "q");
+  check_same_device(lse, "softmax_lse", q, "q");
+  check_same_dtype(dout, "dout", q);
+  check_same_dtype(out, "out", q);
+  if (!(lse.scalar_type() == at::kFloat)) type_error("flash3: softmax_lse.dtype is ", dtype_str(lse.scalar_type()), "; expected torch.float32");
+  const int64_t total_q = q.size(0), hq = q.size(1), dv = v.size(2);
+  if (!(out.dim() == 3 && out.size(0) == total_q && out.size(1) == hq && out.size(2) == dv)) value_error("flash3: out has shape ", shape_str(out), "; expected ", dims_str({total_q, hq, dv}), " (total_q, num_heads_q, head_dim_v) from q ", shape_str(q), " and v ", shape_str(v));
+  if (!(dout.sizes() == out.sizes())) value_error("flash3: dout has shape ", shape_str(dout), "; expected ", shape_str(out), " to match out");
+  if (!(lse.dim() == 2 && lse.size(0) == hq && lse.size(1) == total_q)) value_error("flash3: softmax_lse has shape ", shape_str(lse), "; expected ", dims_str({hq, total_q}), " (num_heads_q, total_q) from q ", shape_str(q));
+  if (!(kernel_built(to_f3(q.scalar_type()), q.size(2), v.size(2), /*forward=*/false))) not_implemented_error("flash3: no backward kernel for ", dtype_str(q.scalar_type()), " head_dim ", q.size(2), ", head_dim_v ", v.size(2), " in this build; backward kernels (head_dim, head_dim_v): ", built_head_dims(to_f3(q.scalar_type()), false));
+  if (dlse.has_value() && dlse->defined()) {
+    check_cuda(*dlse, "dlse");
+    check_same_device(*dlse, "dlse", q, "q");
+    if (!(dlse->sizes() == lse.sizes())) value_error("flash3: dlse has shape ", shape_str(*dlse), "; expected ", shape_str(lse), " to match softmax_lse");
+  }
+}
+
 // The float that reaches flash3::AttentionOptions must be finite and >= 0; the library
 // checks that too, but only once out / lse / dq / ... are allocated and dout possibly copied,
 // and its message names the C++ field. The fake implementations make the same check.
@@ -265,6 +388,19 @@ flash3::AttentionOptions make_opts(std::optional<double> softmax_scale, bool cau
   o.softcap = static_cast<float>(softcap);
   o.deterministic = deterministic;
   return o;
+}
+
+// The variable-length fields of flash3::AttentionOptions (arguments checked by check_varlen_inputs).
+void set_varlen_opts(flash3::AttentionOptions* o, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
+                     int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  o->cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  o->cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  o->num_sequences = static_cast<int>(cu_seqlens_q.numel() - 1);
+  o->max_seqlen_q = static_cast<int>(max_seqlen_q);  // in [1, INT32_MAX]: checked
+  o->max_seqlen_k = static_cast<int>(max_seqlen_k);
+  if (seqused_q.has_value() && seqused_q->defined()) o->seqused_q = seqused_q->data_ptr<int32_t>();
+  if (seqused_k.has_value() && seqused_k->defined()) o->seqused_k = seqused_k->data_ptr<int32_t>();
 }
 
 // A tensor the kernels can read: unit stride in the last dim, other strides multiples of
@@ -371,6 +507,87 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor&
   return {dq, dk, dv};
 }
 
+// Variable-length forward.
+std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                           const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+                                           const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
+                                           int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
+                                           int64_t window_left, int64_t window_right, double softcap,
+                                           bool deterministic) {
+  check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  check_softmax_scale(softmax_scale);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t total_q = q.size(0), hq = q.size(1), dv = v.size(2);
+  // Rows that no sequence covers (beyond seqused, beyond cu_seqlens_q[-1]) are not written and
+  // keep whatever the allocator hands out, as in FlashAttention-3.
+  Tensor out = at::empty({total_q, hq, dv}, q.options());
+  Tensor lse = at::empty({hq, total_q}, q.options().dtype(at::kFloat));
+
+  flash3::ForwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out);
+  args.lse = view(lse);
+  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::forward(args, stream), "varlen forward");
+  return {out, lse};
+}
+
+// Variable-length backward: bwd_cuda with the varlen layouts and options. dq / dk / dv are
+// zero-filled: the kernels write only the rows of real tokens (within seqused, within
+// cu_seqlens[-1]), and FlashAttention-3 returns 0 in the others.
+std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
+    const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+    const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool deterministic, const std::optional<Tensor>& dlse_in) {
+  check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  check_softmax_scale(softmax_scale);
+  check_varlen_backward_tensors(dout_in, q, v, out, lse, dlse_in);
+  const c10::cuda::CUDAGuard guard(q.device());
+  Tensor dlse;
+  if (dlse_in.has_value() && dlse_in->defined())
+    dlse = kernel_layout(dlse_in->scalar_type() == at::kFloat ? *dlse_in : dlse_in->to(at::kFloat), true);
+  const Tensor dout = kernel_layout(dout_in, false);
+  const Tensor lse_k = kernel_layout(lse, true);
+  const Tensor out_k = kernel_layout(out, false);
+  Tensor dq = at::zeros(q.sizes(), q.options());
+  Tensor dk = at::zeros(k.sizes(), k.options());
+  Tensor dv = at::zeros(v.sizes(), v.options());
+
+  flash3::BackwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out_k);
+  args.dout = view(dout);
+  args.lse = view(lse_k);
+  args.dlse = view(dlse);
+  args.dq = view(dq);
+  args.dk = view(dk);
+  args.dv = view(dv);
+  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  // Scratch from the caching allocator (stream-ordered and CUDA-graph safe); its size depends on
+  // the totals, head counts and dims, num_sequences, max_seqlen_* and the mask, not on the
+  // lengths held on the device.
+  Tensor workspace;
+  const size_t ws_bytes = flash3::backward_workspace_size(args);
+  if (ws_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
+    args.workspace = workspace.data_ptr();
+    args.workspace_bytes = ws_bytes;
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::backward(args, stream), "varlen backward");
+  return {dq, dk, dv};
+}
+
 // CPU "kernels": only reached when every tensor argument is on the CPU.
 std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double>, bool,
                                    int64_t, int64_t, double, bool) {
@@ -383,6 +600,27 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cpu(const Tensor& dout, const Tensor& q, 
                                            const Tensor&, const Tensor&, const std::optional<Tensor>&,
                                            std::optional<double>, bool, int64_t, int64_t, double, bool) {
   check_forward_inputs(q, k, v);
+  check_cuda(dout, "dout");
+  runtime_error("flash3: unreachable");
+  return {};
+}
+
+std::tuple<Tensor, Tensor> varlen_fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                          const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+                                          const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
+                                          int64_t max_seqlen_k, std::optional<double>, bool, int64_t, int64_t, double,
+                                          bool) {
+  check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  runtime_error("flash3: unreachable");
+  return {};
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cpu(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&, const Tensor&,
+    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+    const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double>, bool,
+    int64_t, int64_t, double, bool, const std::optional<Tensor>&) {
+  check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_cuda(dout, "dout");
   runtime_error("flash3: unreachable");
   return {};
@@ -468,6 +706,113 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
   return {r[0], r[1]};
 }
 
+// varlen_fwd: the same scheme; the backward calls flash3::varlen_bwd with the saved cu_seqlens /
+// seqused tensors (so a CUDA graph replays with the lengths they hold at replay time).
+std::tuple<Tensor, Tensor> call_varlen_fwd_below_autograd(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+    double softcap, bool deterministic) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::varlen_fwd", "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const std::optional<Tensor>&, const std::optional<Tensor>&, int64_t, int64_t,
+                           std::optional<double>, bool, int64_t, int64_t, double, bool)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                 causal, window_left, window_right, softcap, deterministic);
+}
+
+std::tuple<Tensor, Tensor, Tensor> call_varlen_bwd(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
+    const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool deterministic, const std::optional<Tensor>& dlse) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::varlen_bwd", "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor>(
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, const Tensor&, const std::optional<Tensor>&, const std::optional<Tensor>&,
+                           int64_t, int64_t, std::optional<double>, bool, int64_t, int64_t, double, bool,
+                           const std::optional<Tensor>&)>();
+  return op.call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic, dlse);
+}
+
+class VarlenFlashAttnFunction : public torch::autograd::Function<VarlenFlashAttnFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                               const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double> softmax_scale,
+                               bool causal, int64_t window_left, int64_t window_right, double softcap,
+                               bool deterministic) {
+    auto [out, lse] = call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                                     window_right, softcap, deterministic);
+    // seqused_* may be None: saved as undefined tensors.
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(Tensor()),
+                            seqused_k.value_or(Tensor())});
+    ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
+    ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
+    ctx->saved_data["has_scale"] = softmax_scale.has_value();
+    ctx->saved_data["scale"] = softmax_scale.value_or(0.0);
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["wl"] = window_left;
+    ctx->saved_data["wr"] = window_right;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->set_materialize_grads(false);  // as FlashAttnFunction: unused outputs cost nothing
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Tensor &cu_seqlens_q = saved[5], &cu_seqlens_k = saved[6];
+    std::optional<Tensor> seqused_q, seqused_k, dlse;
+    if (saved[7].defined()) seqused_q = saved[7];
+    if (saved[8].defined()) seqused_k = saved[8];
+    Tensor dout = grads[0];
+    if (!dout.defined()) dout = at::zeros_like(out);
+    if (grads[1].defined()) dlse = grads[1];
+    std::optional<double> scale;
+    if (ctx->saved_data["has_scale"].toBool()) scale = ctx->saved_data["scale"].toDouble();
+    auto [dq, dk, dv] = call_varlen_bwd(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        ctx->saved_data["max_seqlen_q"].toInt(), ctx->saved_data["max_seqlen_k"].toInt(), scale,
+        ctx->saved_data["causal"].toBool(), ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
+        ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool(), dlse);
+    // No gradient for cu_seqlens_*, seqused_* and the non-tensor arguments.
+    variable_list grad_inputs(15);
+    grad_inputs[0] = dq;
+    grad_inputs[1] = dk;
+    grad_inputs[2] = dv;
+    return grad_inputs;
+  }
+};
+
+std::tuple<Tensor, Tensor> varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                               const std::optional<Tensor>& seqused_q,
+                                               const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
+                                               int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
+                                               int64_t window_left, int64_t window_right, double softcap,
+                                               bool deterministic) {
+  const bool needs_grad =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!needs_grad)
+    return call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                          max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                                          deterministic);
+  auto r = VarlenFlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                          max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                                          deterministic);
+  return {r[0], r[1]};
+}
+
 // ---------------------------------------------------------------------------
 // Helpers for Python (introspection and the overhead benchmark).
 // ---------------------------------------------------------------------------
@@ -536,22 +881,39 @@ TORCH_LIBRARY(flash3, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse=None, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
+      "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False) "
+      "-> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+      "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+      "bool deterministic=False, Tensor? dlse=None) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
   m.impl("bwd", &bwd_cuda);
+  m.impl("varlen_fwd", &varlen_fwd_cuda);
+  m.impl("varlen_bwd", &varlen_bwd_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("fwd", &fwd_cpu);
   m.impl("bwd", &bwd_cpu);
+  m.impl("varlen_fwd", &varlen_fwd_cpu);
+  m.impl("varlen_bwd", &varlen_bwd_cpu);
 }
 
-TORCH_LIBRARY_IMPL(flash3, Autograd, m) { m.impl("fwd", &fwd_autograd); }
+TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
+  m.impl("fwd", &fwd_autograd);
+  m.impl("varlen_fwd", &varlen_fwd_autograd);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / torch.ops.flash3.bwd)";
+  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd)";
   mod.def("version", [] { return std::string(flash3::version()); });
   mod.def("forward_is_built", &py_forward_is_built, "whether a forward kernel for (dtype, head_dim, head_dim_v) is built");
   mod.def("backward_is_built", &py_backward_is_built, "whether a backward kernel for (dtype, head_dim, head_dim_v) is built");

@@ -3,9 +3,11 @@
     from flash3 import flash_attn_func          # instead of: from flash_attn_interface import flash_attn_func
     out = flash_attn_func(q, k, v, causal=True)  # q, k, v: (batch, seqlen, heads, head_dim) fp16/bf16 CUDA
 
-Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3.fwd and
-torch.ops.flash3.bwd (CUDA kernels and autograd in C++), and flash3.flash_attn_interface, which
-registers their fake implementations for torch.compile.
+Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3.fwd,
+torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd and torch.ops.flash3.varlen_bwd (CUDA
+kernels and autograd in C++), and flash3.flash_attn_interface, which registers their fake
+implementations for torch.compile. flash3.flash_attn_varlen_func is the variable-length
+(cu_seqlens) attention, differentiable like flash_attn_func.
 """
 import torch  # noqa: F401  (loads libtorch / libc10_cuda / libcudart before the extension)
 
@@ -14,6 +16,7 @@ from .flash_attn_interface import (  # noqa: F401
     backward_is_built,
     device_is_supported,
     flash_attn_func,
+    flash_attn_varlen_func,
     forward_is_built,
 )
 
@@ -21,6 +24,7 @@ __version__ = _C.version()
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "forward_is_built",
     "backward_is_built",
     "device_is_supported",

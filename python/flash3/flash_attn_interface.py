@@ -5,16 +5,24 @@ Swapping the import is enough::
     # from flash_attn_interface import flash_attn_func
     from flash3.flash_attn_interface import flash_attn_func   # or: from flash3 import flash_attn_func
 
-The work is done by two operators registered by the C++ extension ``flash3._C``:
+The work is done by three operators registered by the C++ extension ``flash3._C``:
 
 * ``torch.ops.flash3.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
   deterministic) -> (out, softmax_lse)``
 * ``torch.ops.flash3.bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
   window_right, softcap, deterministic) -> (dq, dk, dv)``
+* ``torch.ops.flash3.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+  deterministic) -> (out, softmax_lse)`` (variable length)
+* ``torch.ops.flash3.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+  seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+  window_right, softcap, deterministic, dlse=None) -> (dq, dk, dv)`` (variable length; dq / dk / dv
+  are 0 in the rows no sequence covers)
 
-Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd``) are C++;
-this module adds their fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces
-them without graph breaks, and the Python entry points.
+Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd``,
+``varlen_fwd``'s calls ``varlen_bwd``) are C++; this module adds their fake (meta)
+implementations, so ``torch.compile(fullgraph=True)`` traces them (forward and backward) without
+graph breaks, and the Python entry points ``flash_attn_func`` and ``flash_attn_varlen_func``.
 """
 import math
 import struct
@@ -24,10 +32,13 @@ import torch
 
 from . import _C
 
-__all__ = ["flash_attn_func", "forward_is_built", "backward_is_built", "device_is_supported"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "forward_is_built", "backward_is_built",
+           "device_is_supported"]
 
 _fwd = torch.ops.flash3.fwd.default
 _bwd = torch.ops.flash3.bwd.default
+_varlen_fwd = torch.ops.flash3.varlen_fwd.default
+_varlen_bwd = torch.ops.flash3.varlen_bwd.default
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -35,6 +46,12 @@ _FWD_LAYOUTS = {
     "q": "(batch, seqlen_q, num_heads_q, head_dim)",
     "k": "(batch, seqlen_k, num_heads_kv, head_dim)",
     "v": "(batch, seqlen_k, num_heads_kv, head_dim_v)",
+}
+
+_VARLEN_LAYOUTS = {
+    "q": "(total_q, num_heads_q, head_dim)",
+    "k": "(total_k, num_heads_kv, head_dim)",
+    "v": "(total_k, num_heads_kv, head_dim_v)",
 }
 
 
@@ -118,6 +135,156 @@ def _check_forward_inputs(q, k, v):
                          f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
 
 
+def _check_int32_vector(t, name, q, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"flash3: {name} must be a CUDA tensor on q's device ({q.device}), but {name} is on device "
+                         f"'{t.device}' (move it with {name}.to(q.device))")
+    if t.device != q.device:
+        raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                         "expected all tensors on the same CUDA device")
+    if t.dtype != torch.int32:
+        raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected torch.int32 ({what}; use "
+                        f"{name}.to(torch.int32))")
+    if t.dim() != 1:
+        raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 1-d tensor "
+                         f"({what})")
+    if not t.is_contiguous():
+        raise ValueError(f"flash3: {name}.stride(0) is {t.stride(0)}; expected a contiguous tensor "
+                         f"(use {name}.contiguous())")
+
+
+_CU_SEQLENS_Q = "num_sequences + 1 prefix sums of the query lengths"
+_CU_SEQLENS_K = "num_sequences + 1 prefix sums of the key lengths"
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    """The checks of varlen_fwd (csrc/flash3_torch.cpp, check_varlen_inputs), in the same order."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
+                            "to match q.dtype")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 3-d "
+                             f"tensor {_VARLEN_LAYOUTS[name]} (variable length: the sequences concatenated along "
+                             "dim 0)")
+    for name, t, dim in (("q", q, "head_dim"), ("k", k, "head_dim"), ("v", v, "head_dim_v")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash3: {name}.stride(-1) ({dim}) is {t.stride(-1)}; expected 1: the {dim} dimension "
+                             f"must be contiguous (use {name}.contiguous())")
+    checks = (
+        ("v.shape[0] (total_k)", v.shape[0], k.shape[0], "k.shape[0]", ("k", k), ("v", v)),
+        ("v.shape[1] (num_heads_kv)", v.shape[1], k.shape[1], "k.shape[1]", ("k", k), ("v", v)),
+        ("k.shape[2] (head_dim)", k.shape[2], q.shape[2], "q.shape[2]", ("q", q), ("k", k)),
+    )
+    for what, got, want, ref, (n1, t1), (n2, t2) in checks:
+        if got != want:
+            raise ValueError(f"flash3: {what} is {got}; expected {want} to match {ref} ({n1} {tuple(t1.shape)}, "
+                             f"{n2} {tuple(t2.shape)})")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"flash3: q.shape[1] (num_heads_q) is {q.shape[1]}, which is not a multiple of k.shape[1] "
+                         f"(num_heads_kv) {k.shape[1]}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
+    d, dv = q.shape[2], v.shape[2]
+    if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
+        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v.shape[-1] "
+                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
+                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
+    _check_int32_vector(cu_seqlens_q, "cu_seqlens_q", q, _CU_SEQLENS_Q)
+    _check_int32_vector(cu_seqlens_k, "cu_seqlens_k", q, _CU_SEQLENS_K)
+    if cu_seqlens_q.numel() < 1:
+        raise ValueError(f"flash3: cu_seqlens_q is empty (shape {tuple(cu_seqlens_q.shape)}); expected "
+                         f"num_sequences + 1 >= 1 entries ({_CU_SEQLENS_Q}, starting with 0)")
+    if cu_seqlens_k.numel() != cu_seqlens_q.numel():
+        raise ValueError(f"flash3: cu_seqlens_k has {cu_seqlens_k.numel()} entries; expected {cu_seqlens_q.numel()} "
+                         "to match cu_seqlens_q (both hold num_sequences + 1 prefix sums)")
+    num_sequences = cu_seqlens_q.numel() - 1
+    if num_sequences > _INT32_MAX:
+        raise ValueError(f"flash3: cu_seqlens_q has {cu_seqlens_q.numel()} entries; expected at most 2147483648 "
+                         "(num_sequences is an int32)")
+    for name, t, what in (("seqused_q", seqused_q, "num_sequences counts of the real query tokens"),
+                          ("seqused_k", seqused_k, "num_sequences counts of the real key tokens")):
+        if t is None:
+            continue
+        _check_int32_vector(t, name, q, what)
+        if t.numel() != num_sequences:
+            raise ValueError(f"flash3: {name} has {t.numel()} entries; expected {num_sequences} "
+                             "(num_sequences = cu_seqlens_q.numel() - 1)")
+    for name, m, what in (("max_seqlen_q", max_seqlen_q, "query"), ("max_seqlen_k", max_seqlen_k, "key")):
+        if not 1 <= m <= _INT32_MAX:
+            raise ValueError(f"flash3: {name} is {m}; expected a value in [1, 2147483647] (the length of the longest "
+                             f"{what} sequence)")
+
+
+def _check_varlen_backward_tensors(dout, q, v, out, softmax_lse, dlse):
+    """The checks of varlen_bwd after varlen_fwd's (csrc/flash3_torch.cpp,
+    check_varlen_backward_tensors), in the same order."""
+    for name, t in (("dout", dout), ("out", out), ("softmax_lse", softmax_lse)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("dout", dout), ("out", out), ("softmax_lse", softmax_lse)):
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+    for name, t in (("dout", dout), ("out", out), ("softmax_lse", softmax_lse)):
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+    for name, t in (("dout", dout), ("out", out)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
+                            "to match q.dtype")
+    if softmax_lse.dtype != torch.float32:
+        raise TypeError(f"flash3: softmax_lse.dtype is {_dtype_str(softmax_lse.dtype)}; expected torch.float32")
+    total_q, hq, dv = q.shape[0], q.shape[1], v.shape[2]
+    if out.dim() != 3 or tuple(out.shape) != (total_q, hq, dv):
+        raise ValueError(f"flash3: out has shape {_shape_str(out.shape)}; expected {_shape_str((total_q, hq, dv))} "
+                         f"(total_q, num_heads_q, head_dim_v) from q {_shape_str(q.shape)} and v "
+                         f"{_shape_str(v.shape)}")
+    if tuple(dout.shape) != tuple(out.shape):
+        raise ValueError(f"flash3: dout has shape {_shape_str(dout.shape)}; expected {_shape_str(out.shape)} "
+                         "to match out")
+    if softmax_lse.dim() != 2 or tuple(softmax_lse.shape) != (hq, total_q):
+        raise ValueError(f"flash3: softmax_lse has shape {_shape_str(softmax_lse.shape)}; expected "
+                         f"{_shape_str((hq, total_q))} (num_heads_q, total_q) from q {_shape_str(q.shape)}")
+    d = q.shape[2]
+    if isinstance(d, int) and isinstance(dv, int) and not _C.backward_is_built(q.dtype, d, dv):
+        raise NotImplementedError(f"flash3: no backward kernel for {_dtype_str(q.dtype)} head_dim {d}, head_dim_v "
+                                  f"{dv} in this build; backward kernels (head_dim, head_dim_v): "
+                                  f"{_built_list(q.dtype, forward=False)}")
+    if dlse is not None:
+        if not isinstance(dlse, torch.Tensor):
+            raise TypeError(f"flash3: dlse must be a torch.Tensor, got {type(dlse).__name__}")
+        if dlse.device.type != "cuda":
+            raise ValueError(f"flash3: dlse must be a CUDA tensor, but dlse is on device '{dlse.device}' "
+                             "(move it with dlse.cuda())")
+        if dlse.device != q.device:
+            raise ValueError(f"flash3: dlse is on device '{dlse.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+        if tuple(dlse.shape) != tuple(softmax_lse.shape):
+            raise ValueError(f"flash3: dlse has shape {_shape_str(dlse.shape)}; expected "
+                             f"{_shape_str(softmax_lse.shape)} to match softmax_lse")
+
+
+def _shape_str(shape):
+    """A shape as the C++ checks print it: (a, b, c), (a,) for one dimension."""
+    return str(tuple(shape))
+
+
 def _check_softmax_scale(softmax_scale):
     """The binding's check: the float32 value of the scale must be finite and >= 0."""
     if softmax_scale is None:
@@ -156,9 +323,53 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, ca
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+@torch.library.register_fake("flash3::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                     deterministic=False):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    _check_softmax_scale(softmax_scale)
+    total_q, hq, _ = q.shape
+    dv = v.shape[2]
+    out = q.new_empty((total_q, hq, dv))
+    lse = q.new_empty((hq, total_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.register_fake("flash3::varlen_bwd")
+def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                     deterministic=False, dlse=None):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    _check_softmax_scale(softmax_scale)
+    _check_varlen_backward_tensors(dout, q, v, out, softmax_lse, dlse)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 # ---------------------------------------------------------------------------
 # Public API.
 # ---------------------------------------------------------------------------
+def _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk):
+    """FlashAttention-3 features flash3 does not have: NotImplementedError unless left at the default."""
+    if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:
+        raise NotImplementedError("flash3: qv / q_descale / k_descale / v_descale are not supported yet; "
+                                  "pass None")
+    if attention_chunk != 0:
+        raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
+
+
+def _window_sides(window_size):
+    """window_size into the operators' int64 range (Python ints are unbounded); the binding maps
+    the values to the library's int32 window the same way (negative -> -1, above INT32_MAX ->
+    INT32_MAX)."""
+    window_left, window_right = window_size
+    if not -1 <= window_left <= _INT32_MAX:
+        window_left = -1 if window_left < 0 else _INT32_MAX
+    if not -1 <= window_right <= _INT32_MAX:
+        window_right = -1 if window_right < 0 else _INT32_MAX
+    return window_left, window_right
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -234,19 +445,100 @@ def flash_attn_func(
             attention_chunk; a non-Hopper GPU).
         RuntimeError: a CUDA error.
     """
-    if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:
-        raise NotImplementedError("flash3: qv / q_descale / k_descale / v_descale are not supported yet; "
-                                  "pass None")
-    if attention_chunk != 0:
-        raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
-    window_left, window_right = window_size
-    # Into the operator's int64 range (Python ints are unbounded); the binding maps the values to
-    # the library's int32 window the same way (negative -> -1, above INT32_MAX -> INT32_MAX).
-    if not -1 <= window_left <= _INT32_MAX:
-        window_left = -1 if window_left < 0 else _INT32_MAX
-    if not -1 <= window_right <= _INT32_MAX:
-        window_right = -1 if window_right < 0 else _INT32_MAX
+    _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    window_left, window_right = _window_sides(window_size)
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    if return_attn_probs or return_lse:
+        return out, lse
+    return out
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention over a batch of sequences of different lengths, concatenated along dim 0
+    (FlashAttention-3 interface, positional order included), differentiable in q, k, v.
+
+    Arguments:
+        q: (total_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper GPU.
+        k: (total_k, num_heads_kv, head_dim), same dtype and device as q.
+        v: (total_k, num_heads_kv, head_dim_v), same dtype and device as q.
+            Head counts, head dims and strides as in flash_attn_func (last dimension stride 1).
+        cu_seqlens_q: (num_sequences + 1,) torch.int32 on q's device, contiguous: the prefix sums
+            of the query lengths; sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]].
+        cu_seqlens_k: (num_sequences + 1,) torch.int32, the same for k and v.
+        max_seqlen_q, max_seqlen_k: the longest query / key sequence, in [1, 2**31 - 1]. Used to
+            normalise the window (a side >= max_seqlen - 1 cuts nothing); a value below a real
+            length is not detected (see below).
+        seqused_q, seqused_k: optional (num_sequences,) torch.int32 on q's device: only the first
+            seqused[b] rows of sequence b are real (clamped on the device to the sequence's
+            length); the others are neither read nor written.
+        softmax_scale, causal, window_size, softcap, deterministic: as in flash_attn_func. Masks
+            are aligned to the bottom-right corner of each sequence (offset = seqlen_k_b - seqlen_q_b,
+            the used lengths when seqused is given).
+        qv, q_descale, k_descale, v_descale: must be None (NotImplementedError otherwise).
+        attention_chunk: must be 0 (NotImplementedError otherwise).
+        num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored,
+            as in flash_attn_func.
+        return_attn_probs: also return softmax_lse (the probabilities are never returned).
+        return_lse: keyword-only alias of return_attn_probs.
+
+    Returns:
+        out: (total_q, num_heads_q, head_dim_v), dtype of q; or (out, softmax_lse) when
+        return_attn_probs or return_lse is set, with softmax_lse (num_heads_q, total_q)
+        torch.float32 (natural-log logsumexp of each row of the scaled scores). A query row that
+        sees no key (e.g. of a sequence with no keys) gets out = 0 and softmax_lse = -inf. Rows
+        that no sequence covers (beyond seqused, from cu_seqlens_q[-1] on) are not written: their
+        contents are undefined (freshly allocated memory), as in FlashAttention-3.
+
+    Backward (torch.ops.flash3.varlen_bwd): gradients flow to q, k, v from out and from
+    softmax_lse, per sequence exactly as flash_attn_func's backward on that sequence. The rows of
+    dq beyond seqused_q[b], of dk / dv beyond seqused_k[b], and rows no sequence covers are 0 (as
+    in FlashAttention-3); the gradient arriving for the rows of out / softmax_lse that are not
+    written is ignored. deterministic=True makes dq / dk / dv bitwise reproducible.
+
+    Checked on the host, before anything is launched (the eager checks and the fake
+    implementation's): everything flash_attn_func checks, for 3-d tensors; cu_seqlens_* and
+    seqused_* are CUDA tensors on q's device, torch.int32, 1-d and contiguous; cu_seqlens_q and
+    cu_seqlens_k have the same length (>= 1); seqused_* have cu_seqlens_q.numel() - 1 entries;
+    max_seqlen_* in [1, 2**31 - 1]. Not checked (the contents of cu_seqlens_* / seqused_* stay
+    on the device: no synchronisation): that cu_seqlens_* start at 0, increase and end at most
+    at total_q / total_k, that max_seqlen_* are at least the real lengths, that seqused_* are
+    at most the lengths. The kernels clamp what they read, so nothing outside the tensors is
+    ever read or written, but such inputs give meaningless results.
+
+    Raises: as flash_attn_func (ValueError / TypeError / NotImplementedError / RuntimeError);
+    backward() raises NotImplementedError when this build has no backward kernel for the head dims
+    (flash3.backward_is_built).
+    """
+    _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    window_left, window_right = _window_sides(window_size)
+    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if return_attn_probs or return_lse:
         return out, lse
     return out

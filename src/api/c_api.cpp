@@ -1,6 +1,8 @@
 // C ABI over the C++ API (flash3_c.h). No exception crosses this boundary; the
 // message of the last failure on the calling thread is kept in a thread_local
 // string (successful calls leave it unchanged).
+#include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <new>
@@ -78,16 +80,26 @@ flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorV
   return flash3::Status::Ok();
 }
 
-// NULL -> the defaults. struct_size says which fields the caller's header
-// had: only this header's size is known so far; later versions read the
-// fields a smaller struct has and default the rest.
+// The bytes of flash3_options up to and including `field`: a caller's struct
+// has the field iff its struct_size is at least this.
+#define FLASH3_OPTIONS_END(field) (offsetof(flash3_options, field) + sizeof(flash3_options::field))
+
+// struct_size values this library accepts. Only this header's size so far (no
+// older layout was ever released). When a later version appends fields, the
+// size of each released layout is added here; the fields such a smaller struct
+// lacks are then skipped below (has()) and keep their defaults.
+bool accepted_options_size(uint32_t size) { return size == sizeof(flash3_options); }
+
+// NULL -> the defaults. struct_size says which fields the caller's header had.
 flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) {
   *r = flash3::AttentionOptions{};
   if (o == nullptr) return flash3::Status::Ok();
-  if (o->struct_size != sizeof(flash3_options))
+  if (!accepted_options_size(o->struct_size))
     return flash3::Status::Invalid("opts->struct_size is " + std::to_string(o->struct_size) + "; expected " +
                                    std::to_string(sizeof(flash3_options)) +
                                    " (sizeof(flash3_options)): initialise the options with flash3_default_options()");
+  const auto has = [o](size_t end) { return o->struct_size >= end; };
+  // The first layout (up to max_seqlen_k): every accepted size has it.
   r->softmax_scale = o->softmax_scale;
   r->causal = o->causal != 0;
   r->window_left = o->window_left;
@@ -98,6 +110,11 @@ flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) 
   r->cu_seqlens_k = o->cu_seqlens_k;
   r->max_seqlen_q = o->max_seqlen_q;
   r->max_seqlen_k = o->max_seqlen_k;
+  // Appended later: read only from a struct that has them (an older,
+  // smaller one keeps the defaults: fixed length).
+  if (has(FLASH3_OPTIONS_END(num_sequences))) r->num_sequences = o->num_sequences;
+  if (has(FLASH3_OPTIONS_END(seqused_q))) r->seqused_q = o->seqused_q;
+  if (has(FLASH3_OPTIONS_END(seqused_k))) r->seqused_k = o->seqused_k;
   return flash3::Status::Ok();
 }
 
@@ -139,6 +156,9 @@ flash3_options flash3_default_options(void) {
   o.cu_seqlens_k = nullptr;
   o.max_seqlen_q = 0;
   o.max_seqlen_k = 0;
+  o.num_sequences = 0;
+  o.seqused_q = nullptr;
+  o.seqused_k = nullptr;
   return o;
 }
 

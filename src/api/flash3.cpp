@@ -30,9 +30,9 @@ TensorView batch_slice(const TensorView& t, int64_t b0, int64_t n) {
   return s;
 }
 
-// Batch elements per launch for q and k of this call (varlen: one launch).
-int64_t launch_batch(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
-  if (o.cu_seqlens_q != nullptr) return 1;
+// Batch elements per launch for q and k of a fixed-length call (varlen calls
+// are one launch and never sliced).
+int64_t launch_batch(const TensorView& q, const TensorView& k) {
   return batch_per_launch(q.shape[1], k.shape[1], q.shape[2], k.shape[2]);
 }
 
@@ -72,19 +72,45 @@ size_t workspace_bytes_for(const BackwardArgs& args, int64_t batch) {
   apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
   return backward_workspace_bytes(p);
 }
+// Varlen scratch (bwd_varlen_workspace): depends on the totals, the head
+// counts and dims, the number of sequences and, through the tile config,
+// max_seqlen_q and the mask. 0 for malformed shapes.
+size_t varlen_workspace_bytes(const BackwardArgs& args) {
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  if (q.ndim != 3 || k.ndim != 3 || v.ndim != 3 || args.opts.num_sequences <= 0) return 0;
+  for (const TensorView* t : {&q, &k, &v})
+    for (int i = 0; i < 3; ++i)
+      if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) return 0;
+  if (q.shape[1] <= 0 || k.shape[1] <= 0 || q.shape[2] <= 0 || q.shape[2] > 256) return 0;
+  BwdParams p;
+  p.varlen = true;
+  p.batch = args.opts.num_sequences;
+  p.seqlen_q = static_cast<int>(q.shape[0]);
+  p.seqlen_k = static_cast<int>(k.shape[0]);
+  p.heads_q = static_cast<int>(q.shape[1]);
+  p.heads_kv = static_cast<int>(k.shape[1]);
+  p.head_dim = static_cast<int>(q.shape[2]);
+  p.head_dim_v = static_cast<int>(v.shape[2]);
+  p.max_seqlen_q = args.opts.max_seqlen_q;
+  p.max_seqlen_k = args.opts.max_seqlen_k;
+  apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
+  return backward_workspace_bytes(p);
+}
 }  // namespace
 
 Status forward(const ForwardArgs& args, cudaStream_t stream) {
   try {
     Status s = validate_forward(args);
     if (!s.ok()) return s;
-    if (forward_is_empty(args)) return Status::Ok();  // nothing to compute, nothing launched
+    // Nothing to compute (varlen: no sequences or no query rows), nothing launched.
+    if (forward_is_empty(args)) return Status::Ok();
     // Valid requests for features the kernel does not implement yet.
     if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
-    if (args.opts.cu_seqlens_q != nullptr) return Status::NotSupported("varlen (cu_seqlens)");
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    // Varlen: one launch over all sequences (the batch lives in cu_seqlens).
+    if (args.opts.cu_seqlens_q != nullptr) return launch_forward(make_fwd_params(args), stream);
     const int64_t batch = args.q.shape[0];
-    const int64_t per_launch = launch_batch(args.q, args.k, args.opts);
+    const int64_t per_launch = launch_batch(args.q, args.k);
     for (int64_t b0 = 0; b0 < batch; b0 += per_launch) {
       const ForwardArgs sub = forward_slice(args, b0, std::min(per_launch, batch - b0));
       FLASH3_RETURN_IF_ERROR(launch_forward(make_fwd_params(sub), stream));
@@ -102,7 +128,6 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
     Status s = validate_backward(args);
     if (!s.ok()) return s;
     if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
-    if (args.opts.cu_seqlens_q != nullptr) return Status::NotSupported("varlen (cu_seqlens)");
     if (backward_is_empty(args)) return Status::Ok();  // nothing to write
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
     const size_t need = backward_workspace_size(args);
@@ -120,11 +145,18 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
       // driver's pool as soon as the kernels that use it have run.
       FLASH3_RETURN_IF_ERROR(cuda_call(cudaMallocAsync(&workspace, need, stream), "cudaMallocAsync(workspace)"));
     }
-    // Launches of consecutive batch slices share the scratch: they are ordered on the stream.
-    const int64_t batch = args.q.shape[0];
-    const int64_t per_launch = launch_batch(args.q, args.k, args.opts);
+    // Launches of consecutive batch slices share the scratch: they are ordered
+    // on the stream. Varlen: one launch over all sequences.
+    const bool varlen = args.opts.cu_seqlens_q != nullptr;
+    const int64_t batch = varlen ? 1 : args.q.shape[0];
+    const int64_t per_launch = varlen ? 1 : launch_batch(args.q, args.k);
     Status launched = Status::Ok();
-    for (int64_t b0 = 0; b0 < batch && launched.ok(); b0 += per_launch) {
+    if (varlen) {
+      BwdParams params = make_bwd_params(args);
+      params.workspace = workspace;
+      launched = launch_backward(params, stream);
+    }
+    for (int64_t b0 = 0; !varlen && b0 < batch && launched.ok(); b0 += per_launch) {
       BwdParams params = make_bwd_params(backward_slice(args, b0, std::min(per_launch, batch - b0)));
       params.workspace = workspace;
       launched = launch_backward(params, stream);
@@ -144,11 +176,13 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
 // plan, BwdSplitPlan); the most any of the call's batch-slice launches needs.
 // 0 for an empty or malformed q. Without a k (a caller sizing scratch before
 // it has the other tensors), the split part is sized for the worst case,
-// which any k then fits.
+// which any k then fits. Varlen (cu_seqlens_q set): from q's, k's and v's
+// (total, heads, dim) shapes, opts.num_sequences and opts.max_seqlen_q.
 size_t backward_workspace_size(const BackwardArgs& args) {
   try {
     const TensorView& q = args.q;
-    if (args.opts.cu_seqlens_q != nullptr || q.ndim != 4 || args.v.ndim != 4) return 0;
+    if (args.opts.cu_seqlens_q != nullptr) return varlen_workspace_bytes(args);
+    if (q.ndim != 4 || args.v.ndim != 4) return 0;
     for (int i = 0; i < 4; ++i)
       if (q.shape[i] <= 0) return 0;
     if (q.shape[0] > INT32_MAX || q.shape[1] > INT32_MAX || q.shape[2] > INT32_MAX || q.shape[3] > 256) return 0;

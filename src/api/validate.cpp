@@ -32,6 +32,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Block ranges and masks add row, column, offset and window values in int32
 // inside the kernels (windows are normalised below seqlen first).
 constexpr int64_t kMaxSeqlenSum = std::numeric_limits<int32_t>::max() - 1024;
+// Variable length: sequences (tiles of every sequence are counted in int32).
+constexpr int64_t kMaxNumSequences = int64_t(1) << 30;
 // TMA descriptors: byte strides below 2^40.
 constexpr int64_t kMaxTmaStrideBytes = int64_t(1) << 40;
 
@@ -127,7 +129,21 @@ Status check_options(const AttentionOptions& o) {
     return Status::Invalid(std::string("opts.cu_seqlens_") + (has_q ? "k" : "q") + " is null but opts.cu_seqlens_" +
                            (has_q ? "q" : "k") + " is set; expected both or neither (variable-length needs both)");
   }
+  if (o.num_sequences < 0)
+    return Status::Invalid("opts.num_sequences is " + std::to_string(o.num_sequences) + "; expected >= 0");
+  if (o.cu_seqlens_q == nullptr) {
+    // seqused_* only refine the sequences of cu_seqlens_*.
+    if (o.seqused_q != nullptr)
+      return Status::Invalid("opts.seqused_q is set (" + fmt_ptr(o.seqused_q) +
+                             ") but opts.cu_seqlens_q is null; opts.seqused_q needs opts.cu_seqlens_q (variable length)");
+    if (o.seqused_k != nullptr)
+      return Status::Invalid("opts.seqused_k is set (" + fmt_ptr(o.seqused_k) +
+                             ") but opts.cu_seqlens_k is null; opts.seqused_k needs opts.cu_seqlens_k (variable length)");
+  }
   if (o.cu_seqlens_q != nullptr) {
+    if (o.num_sequences > kMaxNumSequences)
+      return Status::Invalid("opts.num_sequences is " + std::to_string(o.num_sequences) + "; expected <= " +
+                             std::to_string(kMaxNumSequences) + " (2^30: the kernels index tiles in int32)");
     if (o.max_seqlen_q <= 0)
       return Status::Invalid("opts.max_seqlen_q is " + std::to_string(o.max_seqlen_q) +
                              "; expected > 0 when opts.cu_seqlens_q is set");
@@ -138,6 +154,10 @@ Status check_options(const AttentionOptions& o) {
       return Status::Invalid("opts.cu_seqlens_q (" + fmt_ptr(o.cu_seqlens_q) + ") is not 4-byte aligned; expected an int32 array");
     if (reinterpret_cast<uintptr_t>(o.cu_seqlens_k) % alignof(int32_t) != 0)
       return Status::Invalid("opts.cu_seqlens_k (" + fmt_ptr(o.cu_seqlens_k) + ") is not 4-byte aligned; expected an int32 array");
+    if (reinterpret_cast<uintptr_t>(o.seqused_q) % alignof(int32_t) != 0)
+      return Status::Invalid("opts.seqused_q (" + fmt_ptr(o.seqused_q) + ") is not 4-byte aligned; expected an int32 array");
+    if (reinterpret_cast<uintptr_t>(o.seqused_k) % alignof(int32_t) != 0)
+      return Status::Invalid("opts.seqused_k (" + fmt_ptr(o.seqused_k) + ") is not 4-byte aligned; expected an int32 array");
   }
   // Any window value is valid (negative: unbounded; causal overrides the right side).
   if (!std::isnan(o.softmax_scale) && !(std::isfinite(o.softmax_scale) && o.softmax_scale >= 0.f))
@@ -341,12 +361,30 @@ Status check_no_alias(const Arg& out, std::initializer_list<const Arg*> others) 
 }
 
 // Sizes the kernels' int32 index arithmetic and grids rely on.
-Status check_limits(const Arg& q, const Arg& k, bool varlen) {
+Status check_limits(const Arg& q, const Arg& k, const AttentionOptions& opts, bool varlen) {
   const int R = varlen ? 0 : 1, H = R + 1;
   const int64_t sq = q.t->shape[R], sk = k.t->shape[R];
   if (sq + sk > kMaxSeqlenSum)
     return Status::Invalid(dim_label(q, varlen, R) + " + " + dim_label(k, varlen, R) + " is " + std::to_string(sq + sk) +
                            "; expected <= " + std::to_string(kMaxSeqlenSum) + " (the kernels index rows in int32)");
+  if (varlen) {
+    // Rows are addressed as cu_seqlens offset + row within the sequence + window
+    // (normalised below max_seqlen), all in int32.
+    const int64_t max_len = std::max<int64_t>(opts.max_seqlen_q, opts.max_seqlen_k);
+    if (sq + sk + max_len > kMaxSeqlenSum)
+      return Status::Invalid(dim_label(q, varlen, R) + " + " + dim_label(k, varlen, R) +
+                             " + max(opts.max_seqlen_q, opts.max_seqlen_k) is " + std::to_string(sq) + " + " +
+                             std::to_string(sk) + " + " + std::to_string(max_len) + " = " +
+                             std::to_string(sq + sk + max_len) + "; expected <= " + std::to_string(kMaxSeqlenSum) +
+                             " (the kernels index rows in int32)");
+    // The tile maps and the backward's per-block scratch are sized by an
+    // upper bound of the tile count, in rows: total + 256 rows per sequence.
+    const int64_t bound_rows = std::max(sq, sk) + int64_t(opts.num_sequences) * 256;
+    if (bound_rows > kMaxSeqlenSum)
+      return Status::Invalid("max(" + dim_label(q, varlen, R) + ", " + dim_label(k, varlen, R) +
+                             ") + 256 * opts.num_sequences is " + std::to_string(bound_rows) + "; expected <= " +
+                             std::to_string(kMaxSeqlenSum) + " (tile maps are sized in int32 rows)");
+  }
   if (q.t->shape[H] > kMaxGridYZ)
     return Status::Invalid(dim_label(q, varlen, H) + " is " + std::to_string(q.t->shape[H]) + "; expected <= " +
                            std::to_string(kMaxGridYZ) + " (the grid's y dimension)");
@@ -389,7 +427,7 @@ Status check_forward_structure(const ForwardArgs& args) {
 
   for (const Arg* a : {&q, &k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_layout(*a, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_layout(l, varlen));
-  FLASH3_RETURN_IF_ERROR(check_limits(q, k, varlen));
+  FLASH3_RETURN_IF_ERROR(check_limits(q, k, args.opts, varlen));
   FLASH3_RETURN_IF_ERROR(check_no_alias(o, {&q, &k, &v}));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_no_alias(l, {&q, &k, &v, &o}));
   return Status::Ok();
@@ -429,7 +467,7 @@ Status check_backward_structure(const BackwardArgs& args) {
 
   for (const Arg* a : {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_layout(*a, varlen));
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_layout(dlse, varlen));
-  FLASH3_RETURN_IF_ERROR(check_limits(q, k, varlen));
+  FLASH3_RETURN_IF_ERROR(check_limits(q, k, args.opts, varlen));
   for (const Arg* g : {&dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_no_alias(*g, {&q, &k, &v, &o, &dout, &lse, &dlse}));
   FLASH3_RETURN_IF_ERROR(check_no_alias(dq, {&dk, &dv}));
   FLASH3_RETURN_IF_ERROR(check_no_alias(dk, {&dv}));
@@ -437,12 +475,13 @@ Status check_backward_structure(const BackwardArgs& args) {
 }
 
 bool forward_is_empty(const ForwardArgs& args) {
-  if (is_varlen(args.opts)) return args.q.shape[0] == 0;
+  if (is_varlen(args.opts)) return args.opts.num_sequences == 0 || args.q.shape[0] == 0;
   return args.q.shape[0] == 0 || args.q.shape[1] == 0;
 }
 
 bool backward_is_empty(const BackwardArgs& args) {
-  if (is_varlen(args.opts)) return args.q.shape[0] == 0;
+  // Without query rows dK = dV = 0 must still be written (varlen too).
+  if (is_varlen(args.opts)) return args.opts.num_sequences == 0 || (args.q.shape[0] == 0 && args.k.shape[0] == 0);
   // Without query rows dK = dV = 0 must still be written (and without keys
   // dQ = 0): only a problem with neither has nothing to compute.
   return args.q.shape[0] == 0 || (args.q.shape[1] == 0 && args.k.shape[1] == 0);
@@ -554,6 +593,8 @@ Status check_forward_device(const ForwardArgs& args) {
   FLASH3_RETURN_IF_ERROR(check_device_pointer("lse.data", args.lse.data));
   FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.cu_seqlens_q", args.opts.cu_seqlens_q));
   FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.cu_seqlens_k", args.opts.cu_seqlens_k));
+  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.seqused_q", args.opts.seqused_q));
+  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.seqused_k", args.opts.seqused_k));
   return check_current_device();
 }
 
@@ -563,7 +604,8 @@ Status check_backward_device(const BackwardArgs& args) {
       {"out.data", args.out.data},    {"dout.data", args.dout.data}, {"lse.data", args.lse.data},
       {"dlse.data", args.dlse.data},  {"dq.data", args.dq.data},     {"dk.data", args.dk.data},
       {"dv.data", args.dv.data},      {"workspace", args.workspace}, {"opts.cu_seqlens_q", args.opts.cu_seqlens_q},
-      {"opts.cu_seqlens_k", args.opts.cu_seqlens_k}};
+      {"opts.cu_seqlens_k", args.opts.cu_seqlens_k}, {"opts.seqused_q", args.opts.seqused_q},
+      {"opts.seqused_k", args.opts.seqused_k}};
   for (const auto& p : ptrs) FLASH3_RETURN_IF_ERROR(check_device_pointer(p.first, p.second));
   return check_current_device();
 }
@@ -656,11 +698,21 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   p.dtype = q.dtype;
 
   const int R = varlen ? 0 : 1, H = R + 1, D = R + 2;
-  // Varlen: the batch size and per-sequence lengths live in device arrays; the
-  // host only knows the maxima.
-  p.batch = varlen ? 0 : static_cast<int>(q.shape[0]);
-  p.seqlen_q = varlen ? args.opts.max_seqlen_q : static_cast<int>(q.shape[R]);
-  p.seqlen_k = varlen ? args.opts.max_seqlen_k : static_cast<int>(k.shape[R]);
+  // Varlen: batch is the number of sequences and seqlen_q / seqlen_k the total
+  // rows of q / k (row 0 dimension); the per-sequence lengths live in device
+  // arrays, the host only knows their maxima (used for the mask below).
+  p.batch = varlen ? args.opts.num_sequences : static_cast<int>(q.shape[0]);
+  p.seqlen_q = static_cast<int>(q.shape[R]);
+  p.seqlen_k = static_cast<int>(k.shape[R]);
+  if (varlen) {
+    p.varlen = true;
+    p.cu_seqlens_q = args.opts.cu_seqlens_q;
+    p.cu_seqlens_k = args.opts.cu_seqlens_k;
+    p.seqused_q = args.opts.seqused_q;
+    p.seqused_k = args.opts.seqused_k;
+    p.max_seqlen_q = args.opts.max_seqlen_q;
+    p.max_seqlen_k = args.opts.max_seqlen_k;
+  }
   p.heads_q = static_cast<int>(q.shape[H]);
   p.heads_kv = static_cast<int>(k.shape[H]);
   p.head_dim = static_cast<int>(q.shape[D]);
@@ -686,7 +738,10 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   p.softmax_scale_log2 = p.softmax_scale > 0.f ? p.softmax_scale * kLog2e : std::numeric_limits<float>::min();
   p.softcap = args.opts.softcap;
 
-  apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
+  // Varlen: the window is normalised with the longest sequence (a side that
+  // cuts nothing in it cuts nothing in any sequence).
+  if (varlen) apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
+  else apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
   return p;
 }
 

@@ -8,8 +8,10 @@
 //   2. an empty problem (forward_is_empty / backward_is_empty) stops here: it is
 //      valid and needs neither a kernel nor a device
 //   3. kernel availability for (dtype, head_dim, head_dim_v) -> kNotSupported
-//   4. device checks (pointer kinds, current device is sm_90), skipped when the
-//      environment variable FLASH3_SKIP_DEVICE_CHECK=1     -> kInvalidArgument / kCudaError / kNotSupported
+//   4. device checks (pointer kinds of the tensors, the workspace and the
+//      varlen arrays opts.cu_seqlens_* / opts.seqused_*; current device is
+//      sm_90), skipped when the environment variable
+//      FLASH3_SKIP_DEVICE_CHECK=1                         -> kInvalidArgument / kCudaError / kNotSupported
 // The pieces are exposed here for forward()/backward() and the unit tests.
 #pragma once
 #include <string>
@@ -33,8 +35,9 @@ Status check_backward_structure(const BackwardArgs& args);
 int64_t batch_per_launch(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv);
 
 // Whether the (structurally valid) problem has nothing to compute. Forward:
-// batch == 0 or seqlen_q == 0 (varlen: total_q == 0). Backward: batch == 0 or
-// seqlen_q == seqlen_k == 0 (dK / dV are zeroed when only seqlen_q is 0).
+// batch == 0 or seqlen_q == 0 (varlen: opts.num_sequences == 0 or total_q ==
+// 0). Backward: batch == 0 or seqlen_q == seqlen_k == 0 (dK / dV are zeroed
+// when only seqlen_q is 0); varlen as the forward.
 bool forward_is_empty(const ForwardArgs& args);
 bool backward_is_empty(const BackwardArgs& args);
 

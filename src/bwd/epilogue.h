@@ -146,8 +146,8 @@ struct BwdEpilogue {
   // kSplit: fp32 staging over the operand buffers and the split-block
   // hand-off (unmasked launches); otherwise Element staging in sK / sV.
   template <bool kSplit, class TensordK, class TensordV>
-  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, BwdTile tile, TensordK& tdKrdK,
-                                   TensordV& tdVrdV, int thread_idx) {
+  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, BwdTile tile, MaskSpec const& mask,
+                                   TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
     using T = std::conditional_t<kSplit, float, Element>;
     if constexpr (kSplit) {
       // One contiguous fp32 region from sK on, ending before the dQ staging
@@ -171,9 +171,14 @@ struct BwdEpilogue {
     if constexpr (kSplit) {
       if (tile.pieces > 1 && !combine_pieces(params, ss, tile, sdk, thread_idx)) return;
     }
-    const int seqlen_k = params.mask.seqlen_k;
+    const int seqlen_k = mask.seqlen_k;
     Element* dk = params.dk + tile.batch * params.dk_batch_stride + tile.head_kv * params.dk_head_stride;
     Element* dv = params.dv + tile.batch * params.dv_batch_stride + tile.head_kv * params.dv_head_stride;
+    if constexpr (Traits::kVarlen) {  // the sequence's rows
+      const int64_t row0 = params.varlen.seqs[tile.batch].offset_k;
+      dk = params.dk + row0 * params.dk_row_stride + tile.head_kv * params.dk_head_stride;
+      dv = params.dv + row0 * params.dv_row_stride + tile.head_kv * params.dv_head_stride;
+    }
     write_rows<Traits::kHeadDim, T>(sdk, dk, params.dk_row_stride, tile.n_block, seqlen_k, thread_idx);
     write_rows<Traits::kHeadDimV, T>(sdv, dv, params.dv_row_stride, tile.n_block, seqlen_k, thread_idx);
   }

@@ -113,6 +113,31 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int warp_group_idx = cutlass::canonical_warp_group_idx();
   const int lane = threadIdx.x % 32;
 
+  // Varlen: the KV tile of map entry x, its sequence's first query block and
+  // the launch's mask with the sequence's lengths.
+  // (Generic, so that fixed-length kernels, whose Params have no varlen
+  // fields, never instantiate it.)
+  auto varlen_problem = [](auto const& prm, int x, BwdTile& tile, MaskSpec& mask) {
+    const VarlenTile t = prm.varlen.kv_tiles[x];
+    tile = BwdTile{t.m_block, int(blockIdx.y), t.batch};
+    if (t.m_block < 0) return;
+    const SeqlenInfo si = prm.varlen.seqs[t.batch];
+    tile.q_tile_start = prm.varlen.q_tile_start[t.batch];
+    mask = prm.mask;
+    mask.seqlen_q = si.seqlen_q;
+    mask.seqlen_k = si.seqlen_k;
+  };
+  // This CTA's tile. CTAs past the last tile (the grid is an upper bound)
+  // leave before touching any barrier.
+  BwdTile varlen_tile{};
+  MaskSpec varlen_mask{};
+  if constexpr (Traits::kVarlen) {
+    varlen_problem(params, int(blockIdx.x), varlen_tile, varlen_mask);
+    if (varlen_tile.n_block < 0) return;
+  }
+  // The tile's mask: the launch's, or for varlen the sequence's.
+  MaskSpec const& mask = Traits::kVarlen ? varlen_mask : params.mask;
+
   if (warp_idx == 0 && lane == 0) {
     prefetch_tma_descriptor(params.tma_load_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_load_do.get_tma_descriptor());
@@ -132,16 +157,16 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       Shape<_1, _1, _1>{});
   __syncthreads();  // barrier initialisation visible to every thread
 
-  const BwdTile tile = BwdScheduler::tile(kLpt, params);
+  const BwdTile tile = Traits::kVarlen ? varlen_tile : BwdScheduler::tile(kLpt, params);
   const MBlockRange range = BwdScheduler::piece_range(
-      bwd_m_block_range(params.mask, tile.n_block, Traits::kBlockM, Traits::kBlockN), tile);
+      bwd_m_block_range(mask, tile.n_block, Traits::kBlockM, Traits::kBlockN), tile);
 
   if (warp_group_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp_idx == 0) {
-      if (lane == 0 && !range.empty()) BwdMainloop<Traits>::load(params, ss, pipeline_q, pipeline_do, tile, range);
+      if (lane == 0 && !range.empty()) BwdMainloop<Traits>::load(params, ss, pipeline_q, pipeline_do, tile, mask, range);
     } else if (warp_idx == 1) {
-      BwdMainloop<Traits>::store_dq(params, ss, tile, range);
+      BwdMainloop<Traits>::store_dq(params, ss, tile, mask, range);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
@@ -154,17 +179,30 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     clear(tdVrdV);
     // Keys no query sees (empty range) get dK = dV = 0.
     if (!range.empty()) {
-      BwdMainloop<Traits>::mma(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+      BwdMainloop<Traits>::mma(params, ss, pipeline_q, pipeline_do, tile, mask, range, tdKrdK, tdVrdV, thread_idx);
     }
     // Unmasked launches decode their block again for the epilogue, from a
     // fresh read of the block index, rather than keep the decoded values live
     // across the main loop (the 3-D grid's indices were free to re-read).
     // Split launches hand split blocks' partials to the piece that ends last.
-    const BwdTile out =
-        kLpt ? tile
-             : BwdScheduler::unmasked_order(fresh_block_idx_x(), params.num_n_blocks, params.heads_kv,
-                                            params.split_first, params.split_pieces);
-    BwdEpilogue<Traits>::template store<kSplit>(params, ss, out, tdKrdK, tdVrdV, thread_idx);
+    // Varlen, d = 128: the tile and mask read again from the map (kept live,
+    // the unmasked d = 128 varlen kernel spilled 16 bytes in its main loop).
+    // Other head dims keep them live: read again, ptxas serialized their
+    // WGMMAs for lack of registers (C7512) at d = 64, 192 and 256.
+    constexpr bool kRereadTile = Traits::kVarlen && Traits::kHeadDim == 128;
+    if constexpr (kRereadTile) {
+      BwdTile out;
+      MaskSpec out_mask;
+      varlen_problem(params, fresh_block_idx_x(), out, out_mask);
+      BwdEpilogue<Traits>::template store<kSplit>(params, ss, out, out_mask, tdKrdK, tdVrdV, thread_idx);
+    } else {
+      const BwdTile out =
+          kLpt || Traits::kVarlen
+              ? tile
+              : BwdScheduler::unmasked_order(fresh_block_idx_x(), params.num_n_blocks, params.heads_kv,
+                                             params.split_first, params.split_pieces);
+      BwdEpilogue<Traits>::template store<kSplit>(params, ss, out, mask, tdKrdK, tdVrdV, thread_idx);
+    }
   }
 }
 
@@ -186,23 +224,39 @@ struct BwdPrepParams {
   int split_tiles;
   int seqlen_q, heads_q, num_m_blocks, seqlen_q_pad, head_dim;
   int row_shift;  // bwd_row_shift: padded row r is query r - row_shift
+  // Varlen: blockIdx.x is a query tile of the map (its sequence and block);
+  // the per-block scratch is one batch element of num_m_blocks tiles.
+  const VarlenTile* q_tiles;
+  const SeqlenInfo* seqs;
 };
 
 // One CTA per (query block, head, batch); 4 threads per row, 16-byte loads.
-template <class Element, int kHeadDimV, int kBlockM>
+template <class Element, int kHeadDimV, int kBlockM, bool kVarlen = false>
 __global__ void __launch_bounds__(kBlockM * 4) flash_bwd_preprocess_kernel(const BwdPrepParams p) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  int m_block = blockIdx.x, batch = blockIdx.z;
+  const int head = blockIdx.y;
+  int seqlen_q = p.seqlen_q;
+  int64_t row0 = 0;  // varlen: the sequence's first row in q / out / lse
+  if constexpr (kVarlen) {
+    const VarlenTile t = p.q_tiles[blockIdx.x];
+    if (t.m_block < 0) return;  // past the last tile
+    const SeqlenInfo si = p.seqs[t.batch];
+    m_block = t.m_block;
+    seqlen_q = si.seqlen_q;
+    row0 = si.offset_q;
+    batch = 0;
+  }
   const int row_in_block = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int row_pad = m_block * kBlockM + row_in_block;
   const int row = row_pad - p.row_shift;
-  const bool real = row >= 0 && row < p.seqlen_q;
+  const bool real = row >= 0 && row < seqlen_q;
   float d = 0.f;
   if (real) {
     const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                       row * p.o_row_stride;
+                       (row0 + row) * p.o_row_stride;
     const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
-                          head * p.do_head_stride + row * p.do_row_stride;
+                          head * p.do_head_stride + (row0 + row) * p.do_row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int c = sub * 8; c < kHeadDimV; c += 32) {
       cutlass::Array<Element, 8> a = *reinterpret_cast<const cutlass::Array<Element, 8>*>(o + c);
@@ -213,20 +267,22 @@ __global__ void __launch_bounds__(kBlockM * 4) flash_bwd_preprocess_kernel(const
   }
   d += __shfl_xor_sync(0xffffffff, d, 1);
   d += __shfl_xor_sync(0xffffffff, d, 2);
-  const int64_t stats = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_pad + row_pad;
+  // The block's place in the per-block scratch (varlen: the tile's index).
+  const int scratch_block = kVarlen ? int(blockIdx.x) : m_block;
+  const int64_t stats = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_pad + scratch_block * kBlockM + row_in_block;
   if (sub == 0) {
     float lse2 = INFINITY;  // padded rows: P = exp2(s - inf) = 0
     if (real) {
-      const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row];
+      const float lse = p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row0 + row];
       // A fully masked row (LSE = -inf) has P = 0 everywhere: same treatment.
       lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      if (p.dlse != nullptr) d -= p.dlse[batch * p.dlse_batch_stride + head * p.dlse_head_stride + row];
+      if (p.dlse != nullptr) d -= p.dlse[batch * p.dlse_batch_stride + head * p.dlse_head_stride + row0 + row];
     }
     p.lse_log2[stats] = lse2;
     p.dpsum[stats] = d;
   }
   // Zero this block's dQ accumulator (the main kernel only ever adds into it).
-  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + scratch_block;
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + rb * kBlockM * p.head_dim);
   for (int i = threadIdx.x; i < kBlockM * p.head_dim / 4; i += blockDim.x) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (threadIdx.x == 0) p.dq_sem[rb] = 0;
@@ -243,6 +299,8 @@ struct BwdPostParams {
   int seqlen_q, heads_q, num_m_blocks;
   int row_shift;
   float softmax_scale;
+  const VarlenTile* q_tiles;  // varlen, as in BwdPrepParams
+  const SeqlenInfo* seqs;
 };
 
 // One CTA per (query block, head, batch) with the consumer threads' layout:
@@ -260,13 +318,26 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_
   constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
   constexpr int kRowPitch = kHeadDim + kChunk;       // padded: row starts rotate across banks
   __shared__ alignas(16) Element tile[kBlockM * kRowPitch];
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  int m_block = blockIdx.x, batch = blockIdx.z;
+  const int head = blockIdx.y;
+  int seqlen_q = p.seqlen_q;
+  int64_t row0 = 0;  // varlen: the sequence's first row in dq
+  if constexpr (Traits::kVarlen) {
+    const VarlenTile t = p.q_tiles[blockIdx.x];
+    if (t.m_block < 0) return;  // past the last tile
+    const SeqlenInfo si = p.seqs[t.batch];
+    m_block = t.m_block;
+    seqlen_q = si.seqlen_q;
+    row0 = si.offset_q;
+    batch = 0;
+  }
   const int thread_idx = threadIdx.x, wg = thread_idx / 128, t128 = thread_idx % 128;
   typename Traits::TiledMmadQ mma_dq;
   auto thr = mma_dq.get_thread_slice(thread_idx);
   // (query, column) of each staged value; swapAB accumulators are (column, query).
   Tensor c = thr.partition_C(make_identity_tensor(typename Traits::ShapedQAcc{}));
-  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+  const int scratch_block = Traits::kVarlen ? int(blockIdx.x) : m_block;
+  const int64_t rb = (int64_t(batch) * p.heads_q + head) * p.num_m_blocks + scratch_block;
   const float* chunk = p.dq_accum + rb * kBlockM * kHeadDim + wg * Traits::kdQChunk;
   CUTLASS_PRAGMA_UNROLL
   for (int v = 0; v < size(c); v += 4) {
@@ -289,12 +360,13 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) flash_bwd_postprocess_
     }
   }
   __syncthreads();
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+               row0 * p.dq_row_stride;
   constexpr int kChunksPerRow = kHeadDim / kChunk;
   for (int i = thread_idx; i < kBlockM * kChunksPerRow; i += Traits::kNumMmaThreads) {
     const int r = i / kChunksPerRow, col = (i % kChunksPerRow) * kChunk;
     const int row = m_block * kBlockM + r - p.row_shift;
-    if (row >= 0 && row < p.seqlen_q) {
+    if (row >= 0 && row < seqlen_q) {
       *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + col) =
           *reinterpret_cast<const uint4*>(tile + r * kRowPitch + col);
     }

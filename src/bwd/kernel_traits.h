@@ -23,6 +23,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/block_info.h"
+#include "common/seqlen.h"
 #include "config/tile_size.h"
 #include "fusion/mask.h"
 
@@ -34,10 +35,13 @@ struct DefaultBwdConfig {
   static constexpr BwdTileConfig value = bwd_tile_config(D, DV, kCausalOrLocal, kShortQ);
 };
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false>
 struct BwdTraits {
   using Element = Element_;
   using Mask = Mask_;
+  // Variable-length batches: per-sequence tensor maps and tile maps
+  // (bwd/varlen_prep.h); one KV tile per CTA, no split plan, no row shift.
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr BwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -221,7 +225,7 @@ struct BwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
 
-  struct Params {
+  struct FixedParams {
     TmaQ tma_load_q;
     TmadO tma_load_do;
     TmaK tma_load_k;
@@ -247,6 +251,13 @@ struct BwdTraits {
     float* split_partials;          // workspace: one (kBlockN x (d + dv)) fp32 slot per piece
     int* split_count;               // workspace: pieces done per split block
   };
+  // Varlen: the per-query-block scratch is laid out as one batch element of
+  // num_m_blocks = the query-tile bound (sequence b's blocks start at
+  // varlen.q_tile_start[b]), plus the prep kernel's outputs.
+  struct VarlenParams : FixedParams {
+    VarlenScratch varlen;
+  };
+  using Params = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
 };
 
 }  // namespace flash3

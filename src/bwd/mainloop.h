@@ -23,6 +23,7 @@ struct BwdTile {
   int n_block, head_kv, batch;
   int piece = 0, pieces = 1;  // BwdSplitPlan: this CTA's share of the KV block's query blocks
   int split = -1;             // index among the split KV blocks (partial slots, counter); -1: whole
+  int q_tile_start = 0;       // varlen: the sequence's first query block in the per-block scratch
 };
 
 template <class Traits>
@@ -35,8 +36,14 @@ struct BwdMainloop {
   static constexpr int kNumMmaWG = Traits::kNumMmaWG;
 
   CUTLASS_DEVICE static int q_head(Params const& p, BwdTile t, int g) { return t.head_kv * p.heads_per_kv + g; }
+  // The query block's index in the per-block scratch (dQ accumulator, its
+  // counters; times kBlockM: the statistics' first row).
   CUTLASS_DEVICE static int64_t row_block_index(Params const& p, BwdTile t, int head, int m_block) {
-    return (int64_t(t.batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+    if constexpr (Traits::kVarlen) {
+      return int64_t(head) * p.num_m_blocks + t.q_tile_start + m_block;
+    } else {
+      return (int64_t(t.batch) * p.heads_q + head) * p.num_m_blocks + m_block;
+    }
   }
   // The i-th query block a CTA visits. Deterministic mode walks the range top
   // down: its reduce-adds into query block m go in ascending KV-block order,
@@ -56,9 +63,44 @@ struct BwdMainloop {
   // Lane 0 of warp 0. K and V once; then per (head, m_block) Q + LSE on one
   // stage barrier and dO + D on another (transaction bytes counted together).
   CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, typename Traits::PipelineQ& pipeline_q,
-                                  typename Traits::PipelinedO& pipeline_do, BwdTile tile, MBlockRange range) {
-    Tensor mK = params.tma_load_k.get_tma_tensor(params.shape_k)(_, _, tile.head_kv, tile.batch);
-    Tensor mV = params.tma_load_v.get_tma_tensor(params.shape_v)(_, _, tile.head_kv, tile.batch);
+                                  typename Traits::PipelinedO& pipeline_do, BwdTile tile, MaskSpec const& mask,
+                                  MBlockRange range) {
+    // Fixed length: the launch's tensor maps, batch as the last coordinate.
+    // Varlen: the sequence's own maps (batch extent 1), whose row extents end
+    // at the sequence's end; acquired first (the prep kernel released its edits).
+    cute::TmaDescriptor const* desc_q = nullptr;
+    cute::TmaDescriptor const* desc_do = nullptr;
+    cute::TmaDescriptor const* desc_k = nullptr;
+    cute::TmaDescriptor const* desc_v = nullptr;
+    if constexpr (Traits::kVarlen) {
+      cute::TmaDescriptor const* seq = params.varlen.desc + int64_t(tile.batch) * kNumVarlenDesc;
+      desc_q = seq + kDescQ;
+      desc_do = seq + kDescdO;
+      desc_k = seq + kDescK;
+      desc_v = seq + kDescV;
+      cute::tma_descriptor_fence_acquire(desc_q);
+      cute::tma_descriptor_fence_acquire(desc_do);
+      cute::tma_descriptor_fence_acquire(desc_k);
+      cute::tma_descriptor_fence_acquire(desc_v);
+    }
+    // (rows, cols, head, batch) coordinates of one tensor map.
+    auto coords = [&](auto const& tma, auto const& shape, int rows, int head) {
+      if constexpr (Traits::kVarlen) {
+        auto s = make_shape(int32_t(imax(rows, 1)), get<1>(shape), get<2>(shape), int32_t(1));
+        return tma.get_tma_tensor(s)(_, _, head, 0);
+      } else {
+        return tma.get_tma_tensor(shape)(_, _, head, tile.batch);
+      }
+    };
+    auto with = [&](auto const& tma, cute::TmaDescriptor const* desc, auto& bar) {
+      if constexpr (Traits::kVarlen) {
+        return tma.with(desc, bar);
+      } else {
+        return tma.with(bar, 0);
+      }
+    };
+    Tensor mK = coords(params.tma_load_k, params.shape_k, mask.seqlen_k, tile.head_kv);
+    Tensor mV = coords(params.tma_load_v, params.shape_v, mask.seqlen_k, tile.head_kv);
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{}, make_coord(tile.n_block, _0{}));
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(tile.n_block, _0{}));
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
@@ -70,7 +112,7 @@ struct BwdMainloop {
     using BarrierT = cutlass::arch::ClusterTransactionBarrier::ValueType;
 
     ss.barrier_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-    copy(params.tma_load_k.with(reinterpret_cast<BarrierT&>(ss.barrier_k), 0), tKgK, tKsK);
+    copy(with(params.tma_load_k, desc_k, reinterpret_cast<BarrierT&>(ss.barrier_k)), tKgK, tKsK);
 
     typename Traits::PipelineStateQ wq = cutlass::make_producer_start_state<typename Traits::PipelineQ>();
     typename Traits::PipelineStatedO wdo = cutlass::make_producer_start_state<typename Traits::PipelinedO>();
@@ -80,30 +122,31 @@ struct BwdMainloop {
       // Padded-grid rows: rows before the first query (row_shift) and past the
       // last are outside the tensor map, so TMA fills them with zeros.
       Tensor mQ = domain_offset(make_coord(-params.row_shift, _0{}),
-                                params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, head, tile.batch));
+                                coords(params.tma_load_q, params.shape_q, mask.seqlen_q, head));
       Tensor mdO = domain_offset(make_coord(-params.row_shift, _0{}),
-                                 params.tma_load_do.get_tma_tensor(params.shape_do)(_, _, head, tile.batch));
+                                 coords(params.tma_load_do, params.shape_do, mask.seqlen_q, head));
       Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}, make_coord(_, _0{}));
       Tensor gdO = local_tile(mdO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_load_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] =
           tma_partition(params.tma_load_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const int64_t stats_row0 = (int64_t(tile.batch) * params.heads_q + head) * params.seqlen_q_pad;
+      int64_t stats_row0 = (int64_t(tile.batch) * params.heads_q + head) * params.seqlen_q_pad;
+      if constexpr (Traits::kVarlen) stats_row0 = row_block_index(params, tile, head, 0) * kBlockM;
       for (int i = 0; i < range.m_max - range.m_min; ++i) {
         const int m_block = query_block(params, range, i);
         pipeline_q.producer_acquire(wq);
         BarrierT* bq = pipeline_q.producer_get_barrier(wq);
-        copy(params.tma_load_q.with(*bq, 0), tQgQ(_, m_block), tQsQ(_, wq.index()));
+        copy(with(params.tma_load_q, desc_q, *bq), tQgQ(_, m_block), tQsQ(_, wq.index()));
         SM90_BULK_COPY_G2S::copy(params.lse_log2 + stats_row0 + m_block * kBlockM, bq,
                                  ss.smem_lse.data() + wq.index() * kBlockM, Traits::kBytesStats);
         if (!v_loaded) {  // V after the first Q: G1 needs K and Q, G2 comes second
           ss.barrier_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-          copy(params.tma_load_v.with(reinterpret_cast<BarrierT&>(ss.barrier_v), 0), tVgV, tVsV);
+          copy(with(params.tma_load_v, desc_v, reinterpret_cast<BarrierT&>(ss.barrier_v)), tVgV, tVsV);
           v_loaded = true;
         }
         pipeline_do.producer_acquire(wdo);
         BarrierT* bdo = pipeline_do.producer_get_barrier(wdo);
-        copy(params.tma_load_do.with(*bdo, 0), tdOgdO(_, m_block), tdOsdO(_, wdo.index()));
+        copy(with(params.tma_load_do, desc_do, *bdo), tdOgdO(_, m_block), tdOsdO(_, wdo.index()));
         SM90_BULK_COPY_G2S::copy(params.dpsum + stats_row0 + m_block * kBlockM, bdo,
                                  ss.smem_dpsum.data() + wdo.index() * kBlockM, Traits::kBytesStats);
         ++wq;
@@ -118,7 +161,8 @@ struct BwdMainloop {
   // reduce-add; no per-element atomics. Deterministic mode: the add for query
   // block m waits until every KV block before this one (in the fixed ascending
   // order) has added its contribution, tracked by a counter per query block.
-  CUTLASS_DEVICE static void store_dq(Params const& params, SharedStorage& ss, BwdTile tile, MBlockRange range) {
+  CUTLASS_DEVICE static void store_dq(Params const& params, SharedStorage& ss, BwdTile tile, MaskSpec const& mask,
+                                      MBlockRange range) {
     const int lane = threadIdx.x % 32;
     if (range.empty()) return;
     constexpr int kFull = 128 + 32;
@@ -134,7 +178,7 @@ struct BwdMainloop {
         if (lane == 0) {
           int* sem = params.dq_sem + rb;
           if (params.deterministic) {
-            const int order = tile.n_block - fwd_n_block_range(params.mask, m_block, kBlockM, kBlockN).n_min;
+            const int order = tile.n_block - fwd_n_block_range(mask, m_block, kBlockM, kBlockN).n_min;
             while (ld_acquire_gpu(sem) != order) {
             }
           }
@@ -168,12 +212,12 @@ struct BwdMainloop {
   // ---------------------------------------------------------------- consumer
   template <class TensordK, class TensordV>
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, typename Traits::PipelineQ& pipeline_q,
-                                 typename Traits::PipelinedO& pipeline_do, BwdTile tile, MBlockRange range,
-                                 TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+                                 typename Traits::PipelinedO& pipeline_do, BwdTile tile, MaskSpec const& mask,
+                                 MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
     if constexpr (Traits::kSplitHdim) {
-      mma_split_hdim(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+      mma_split_hdim(params, ss, pipeline_q, pipeline_do, tile, mask, range, tdKrdK, tdVrdV, thread_idx);
     } else {
-      mma_split_keys(params, ss, pipeline_q, pipeline_do, tile, range, tdKrdK, tdVrdV, thread_idx);
+      mma_split_keys(params, ss, pipeline_q, pipeline_do, tile, mask, range, tdKrdK, tdVrdV, thread_idx);
     }
   }
 
@@ -202,7 +246,7 @@ struct BwdMainloop {
   // once G1 is done - P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) in
   // place (seed 7.1.3: no row max needed). G2 may still run on return.
   template <class MmaS, class MmadP, class TK, class TQ, class TV, class TdO, class TC, class SFrag, class dPFrag>
-  CUTLASS_DEVICE static void issue_sdp_then_p(Params const& params, SharedStorage& ss,
+  CUTLASS_DEVICE static void issue_sdp_then_p(Params const& params, MaskSpec const& mask, SharedStorage& ss,
                                               typename Traits::PipelineQ& pipeline_q,
                                               typename Traits::PipelinedO& pipeline_do,
                                               typename Traits::PipelineStateQ const& rq,
@@ -222,8 +266,8 @@ struct BwdMainloop {
     warpgroup_wait<1>();  // S^T ready; dP^T may still run
 
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-    if (bwd_tile_needs_mask(params.mask, m_block, n_block, kBlockM, kBlockN)) {
-      mask_keys_queries(s, tScS_rc, params.mask, m_block * kBlockM, n_block * kBlockN);
+    if (bwd_tile_needs_mask(mask, m_block, n_block, kBlockM, kBlockN)) {
+      mask_keys_queries(s, tScS_rc, mask, m_block * kBlockM, n_block * kBlockN);
     }
     if constexpr (Traits::kLeanSdP) {
       const float scale_log2 = params.softmax_scale_log2;
@@ -302,7 +346,7 @@ struct BwdMainloop {
   CUTLASS_DEVICE static void mma_split_hdim(Params const& params, SharedStorage& ss,
                                             typename Traits::PipelineQ& pipeline_q,
                                             typename Traits::PipelinedO& pipeline_do, BwdTile tile,
-                                            MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+                                            MaskSpec const& mask, MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
     const int wg = thread_idx / 128;
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmadP mma_dp;
@@ -357,7 +401,7 @@ struct BwdMainloop {
         const int m_block = query_block(params, range, i);
         SFrag tSrS;
         dPFrag tdPrdP;
-        issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
+        issue_sdp_then_p(params, mask, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
                          tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         const int pds_stage = it % Traits::kStagesdS;
@@ -389,7 +433,7 @@ struct BwdMainloop {
   CUTLASS_DEVICE static void mma_split_keys(Params const& params, SharedStorage& ss,
                                             typename Traits::PipelineQ& pipeline_q,
                                             typename Traits::PipelinedO& pipeline_do, BwdTile tile,
-                                            MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
+                                            MaskSpec const& mask, MBlockRange range, TensordK& tdKrdK, TensordV& tdVrdV, int thread_idx) {
     const int wg = thread_idx / 128;
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmadP mma_dp;
@@ -449,7 +493,7 @@ struct BwdMainloop {
         // G1 S^T, G2 dP^T; P^T from S^T while G2 runs.
         SFrag tSrS;
         dPFrag tdPrdP;
-        issue_sdp_then_p(params, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
+        issue_sdp_then_p(params, mask, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
                          tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor rP = convert_fragment<Element>(tSrS);

@@ -30,6 +30,16 @@ struct FwdParams {
   float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e) (or 1/softcap * log2(e) with softcap)
   float softcap = 0.f;
 
+  // Variable length (cu_seqlens_q set): batch = number of sequences,
+  // seqlen_q / seqlen_k = total rows of q / k, the batch strides unused (0),
+  // lse is (heads, total_q) (lse_head_stride; lse_batch_stride 0).
+  bool varlen = false;
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_q = nullptr;  // optional
+  const int* seqused_k = nullptr;  // optional
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+
   // Mask, normalised: causal is local with (left=-1 -> unbounded, right=0).
   bool is_causal = false;
   bool is_local = false;

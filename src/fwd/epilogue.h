@@ -20,8 +20,8 @@ struct FwdEpilogue {
   static constexpr int kBlockM = Traits::kBlockM;
 
   template <class TensorO, int kNRows>
-  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, TileCoord tile, TensorO& tOrO,
-                                   OnlineSoftmax<kNRows>& softmax, int thread_idx) {
+  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, TileCoord tile, MaskSpec const& mask,
+                                   TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
     using TiledMmaPV = typename Traits::TiledMmaPV;
     TiledMmaPV tiled_mma_pv;
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
@@ -56,8 +56,12 @@ struct FwdEpilogue {
       Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
       Tensor tOcO = thr_pv.partition_C(cO);
       Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
-      const int seqlen_q = get<0>(params.shape_q);
+      int seqlen_q = get<0>(params.shape_q);
       float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+      if constexpr (Traits::kVarlen) {  // (heads, total_q): the sequence's rows
+        seqlen_q = mask.seqlen_q;
+        lse_ptr = params.lse + tile.head * params.lse_head_stride + params.varlen.seqs[tile.batch].offset_q;
+      }
       if (get<1>(tOcO_rc(0, 0)) == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kNRows; ++r) {
@@ -71,12 +75,23 @@ struct FwdEpilogue {
     // tensor map. It must wait for the smem reads before the CTA exits (a
     // persistent CTA waits before the next tile's sO writes, and in drain()).
     if (thread_idx == 0) {
-      Tensor mO = params.tma_store_o.get_tma_tensor(params.shape_o)(_, _, tile.head, tile.batch);
-      Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(tile.m_block, _0{}));
       auto block_tma_o = params.tma_store_o.get_slice(_0{});
-      Tensor tOgO = block_tma_o.partition_D(gO);
       Tensor tOsO = block_tma_o.partition_S(sO);
-      copy(params.tma_store_o, tOsO, tOgO);
+      if constexpr (Traits::kVarlen) {
+        // The sequence's map: rows past its end (and past seqused) are dropped.
+        cute::TmaDescriptor const* desc_o = params.varlen.desc + int64_t(tile.batch) * kNumVarlenDesc + kDescO;
+        cute::tma_descriptor_fence_acquire(desc_o);
+        auto shape_o = make_shape(int32_t(imax(mask.seqlen_q, 1)), get<1>(params.shape_o), get<2>(params.shape_o),
+                                  int32_t(1));
+        Tensor mO = params.tma_store_o.get_tma_tensor(shape_o)(_, _, tile.head, 0);
+        Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(tile.m_block, _0{}));
+        copy(params.tma_store_o.with(desc_o), tOsO, block_tma_o.partition_D(gO));
+      } else {
+        Tensor mO = params.tma_store_o.get_tma_tensor(params.shape_o)(_, _, tile.head, tile.batch);
+        Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(tile.m_block, _0{}));
+        Tensor tOgO = block_tma_o.partition_D(gO);
+        copy(params.tma_store_o, tOsO, tOgO);
+      }
       tma_store_arrive();
       if constexpr (!Traits::kPersistent) tma_store_wait<0>();
     }

@@ -36,6 +36,21 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   const int warp_group_idx = cutlass::canonical_warp_group_idx();
   const int lane = threadIdx.x % 32;
 
+  // Varlen: this CTA's tile and its sequence's lengths. CTAs past the last
+  // tile (the grid is an upper bound) leave before touching any barrier.
+  TileCoord varlen_tile{};
+  MaskSpec varlen_mask{};
+  if constexpr (Traits::kVarlen) {
+    varlen_tile = VarlenTileScheduler::tile(params.varlen);
+    if (varlen_tile.m_block < 0) return;
+    const SeqlenInfo si = params.varlen.seqs[varlen_tile.batch];
+    varlen_mask = params.mask;
+    varlen_mask.seqlen_q = si.seqlen_q;
+    varlen_mask.seqlen_k = si.seqlen_k;
+  }
+  // The tile's mask: the launch's, or for varlen the sequence's.
+  MaskSpec const& mask = Traits::kVarlen ? varlen_mask : params.mask;
+
   if (warp_idx == 0 && lane == 0) {
     prefetch_tma_descriptor(params.tma_load_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_load_k.get_tma_descriptor());
@@ -73,7 +88,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     count = Scheduler::num_tiles(params.num_m_blocks, params.heads_q, params.batch);
   }
   auto tile_at = [&](int linear) {
-    if constexpr (Traits::kPersistent) {
+    if constexpr (Traits::kVarlen) {
+      return varlen_tile;
+    } else if constexpr (Traits::kPersistent) {
       return Scheduler::tile_at(linear, params.num_m_blocks, params.heads_q, params.batch, params.tile_order);
     } else {
       return Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
@@ -112,10 +129,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           const int linear = receive_tile(n);
           if (linear >= count) break;
           const TileCoord tile = tile_at(linear);
-          const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
           const int q_empty_phase = n > 0 ? (n - 1) & 1 : -1;
           if (!range.empty()) {
-            FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write, q_empty_phase);
+            FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write, q_empty_phase);
           } else if (q_empty_phase >= 0) {
             ss.barrier_q_empty.wait(q_empty_phase);  // keep in step with the per-tile releases
           }
@@ -126,9 +143,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
         for (int linear = first; linear < count; linear += stride) {
           const TileCoord tile = tile_at(linear);
-          const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
           if (range.empty()) continue;
-          FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, range, write,
+          FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write,
                                     loaded > 0 ? (loaded - 1) & 1 : -1);
           ++loaded;
         }
@@ -159,19 +176,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const int linear = receive_tile(n);
         if (linear >= count) break;
         const TileCoord tile = tile_at(linear);
-        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, mask, range, tOrO, softmax, thread_idx, read,
                                    loaded & 1);
           ++loaded;
         } else {
           clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
         }
         ss.barrier_q_empty.arrive();  // once per tile, masked-out ones too (see the producer)
-        FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, thread_idx);
         ss.tile_empty[n & 1].arrive();  // slot n % 2 may take tile n + 2
       }
     } else {
@@ -181,12 +198,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       // kernel differently, 3-5% slower.
       for (int linear = first; linear < count; linear += stride) {
         const TileCoord tile = tile_at(linear);
-        const NBlockRange range = fwd_n_block_range(params.mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, range, tOrO, softmax, thread_idx, read,
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, mask, range, tOrO, softmax, thread_idx, read,
                                    loaded & 1);
           // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
           // the producer may load the next tile's Q.
@@ -195,7 +212,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         } else {
           clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
         }
-        FwdEpilogue<Traits>::store(params, ss, tile, tOrO, softmax, thread_idx);
+        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, thread_idx);
       }
     }
     if constexpr (Traits::kPersistent) FwdEpilogue<Traits>::drain(thread_idx);

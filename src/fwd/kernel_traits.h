@@ -5,6 +5,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "common/seqlen.h"
 #include "config/tile_size.h"
 #include "fusion/mask.h"
 
@@ -17,10 +18,23 @@ struct DefaultFwdConfig {
   static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal, kShortCausal);
 };
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_>
+// Varlen configs: the tile table's shapes with one tile per CTA (the varlen
+// scheduler hands out tiles from the map the prep kernel wrote).
+constexpr FwdTileConfig one_tile_per_cta(FwdTileConfig c) {
+  c.persistent = false;
+  return c;
+}
+template <class Cfg>
+struct OneTileConfig {
+  static constexpr FwdTileConfig value = one_tile_per_cta(Cfg::value);
+};
+
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false>
 struct FwdTraits {
   using Element = Element_;
   using Mask = Mask_;
+  // Variable-length batches: per-sequence tensor maps (SeqlenInfo, varlen_prep.h).
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -129,7 +143,7 @@ struct FwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
 
-  struct Params {
+  struct FixedParams {
     TmaQ tma_load_q;
     TmaK tma_load_k;
     TmaV tma_load_v;
@@ -143,6 +157,14 @@ struct FwdTraits {
     int tile_order;  // LptTileScheduler order: < 0 plain, 0 global longest-first, G grouped
     int batch;       // PersistentTileScheduler: tiles = num_m_blocks x heads_q x batch
   };
+  // Varlen launches add the prep kernel's outputs: four tensor maps per
+  // sequence (q, k, v, out: TMA then never crosses a sequence boundary), the
+  // sequences' offsets and lengths, and the tile map. The fixed-length kernels
+  // keep FixedParams as it is (a larger Params changed their code).
+  struct VarlenParams : FixedParams {
+    VarlenScratch varlen;
+  };
+  using Params = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
 };
 
 }  // namespace flash3

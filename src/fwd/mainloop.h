@@ -39,13 +39,41 @@ struct FwdMainloop {
   // (persistent CTAs carry it from tile to tile). q_empty_phase >= 0: wait for
   // the consumers to be done with the previous tile's Q before overwriting sQ.
   CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                  MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range,
-                                  PipelineState& write, int q_empty_phase) {
+                                  MainloopPipeline& pipeline_v, TileCoord tile, MaskSpec const& mask,
+                                  NBlockRange range, PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
     const int head_kv = tile.head / params.heads_per_kv;
-    Tensor mQ = params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, tile.head, tile.batch);
-    Tensor mK = params.tma_load_k.get_tma_tensor(params.shape_k)(_, _, head_kv, tile.batch);
-    Tensor mV = params.tma_load_v.get_tma_tensor(params.shape_v)(_, _, head_kv, tile.batch);
+    // Fixed length: the launch's tensor maps, batch as the last coordinate.
+    // Varlen: the sequence's own maps (batch extent 1), whose row extents end
+    // at the sequence's end; acquired first (the prep kernel released its edits).
+    cute::TmaDescriptor const* desc_q = nullptr;
+    cute::TmaDescriptor const* desc_k = nullptr;
+    cute::TmaDescriptor const* desc_v = nullptr;
+    auto views = [&] {
+      if constexpr (Traits::kVarlen) {
+        cute::TmaDescriptor const* seq = params.varlen.desc + int64_t(tile.batch) * kNumVarlenDesc;
+        desc_q = seq + kDescQ;
+        desc_k = seq + kDescK;
+        desc_v = seq + kDescV;
+        cute::tma_descriptor_fence_acquire(desc_q);
+        cute::tma_descriptor_fence_acquire(desc_k);
+        cute::tma_descriptor_fence_acquire(desc_v);
+        const int32_t sq = imax(mask.seqlen_q, 1), sk = imax(mask.seqlen_k, 1);
+        auto shape_q = make_shape(sq, get<1>(params.shape_q), get<2>(params.shape_q), int32_t(1));
+        auto shape_k = make_shape(sk, get<1>(params.shape_k), get<2>(params.shape_k), int32_t(1));
+        auto shape_v = make_shape(sk, get<1>(params.shape_v), get<2>(params.shape_v), int32_t(1));
+        return cute::make_tuple(params.tma_load_q.get_tma_tensor(shape_q)(_, _, tile.head, 0),
+                                params.tma_load_k.get_tma_tensor(shape_k)(_, _, head_kv, 0),
+                                params.tma_load_v.get_tma_tensor(shape_v)(_, _, head_kv, 0));
+      } else {
+        return cute::make_tuple(params.tma_load_q.get_tma_tensor(params.shape_q)(_, _, tile.head, tile.batch),
+                                params.tma_load_k.get_tma_tensor(params.shape_k)(_, _, head_kv, tile.batch),
+                                params.tma_load_v.get_tma_tensor(params.shape_v)(_, _, head_kv, tile.batch));
+      }
+    }();
+    Tensor mQ = get<0>(views);
+    Tensor mK = get<1>(views);
+    Tensor mV = get<2>(views);
     Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}, make_coord(tile.m_block, _0{}));
     Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<Traits::kHeadDim>>{}, make_coord(_, _0{}));
     Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
@@ -63,11 +91,21 @@ struct FwdMainloop {
 
     auto load_k = [&](int n_block, PipelineState const& st) {
       pipeline_k.producer_acquire(st);
-      copy(params.tma_load_k.with(*pipeline_k.producer_get_barrier(st), 0), tKgK(_, n_block), tKsK(_, st.index()));
+      if constexpr (Traits::kVarlen) {
+        copy(params.tma_load_k.with(desc_k, *pipeline_k.producer_get_barrier(st)), tKgK(_, n_block),
+             tKsK(_, st.index()));
+      } else {
+        copy(params.tma_load_k.with(*pipeline_k.producer_get_barrier(st), 0), tKgK(_, n_block), tKsK(_, st.index()));
+      }
     };
     auto load_v = [&](int n_block, PipelineState const& st) {
       pipeline_v.producer_acquire(st);
-      copy(params.tma_load_v.with(*pipeline_v.producer_get_barrier(st), 0), tVgV(_, n_block), tVsV(_, st.index()));
+      if constexpr (Traits::kVarlen) {
+        copy(params.tma_load_v.with(desc_v, *pipeline_v.producer_get_barrier(st)), tVgV(_, n_block),
+             tVsV(_, st.index()));
+      } else {
+        copy(params.tma_load_v.with(*pipeline_v.producer_get_barrier(st), 0), tVgV(_, n_block), tVsV(_, st.index()));
+      }
     };
 
     int n_block = range.n_max - 1;
@@ -75,8 +113,12 @@ struct FwdMainloop {
     load_k(n_block, write);
     if (q_empty_phase >= 0) ss.barrier_q_empty.wait(q_empty_phase);
     ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
-    copy(params.tma_load_q.with(reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q), 0),
-         tQgQ, tQsQ);
+    auto& bar_q = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q);
+    if constexpr (Traits::kVarlen) {
+      copy(params.tma_load_q.with(desc_q, bar_q), tQgQ, tQsQ);
+    } else {
+      copy(params.tma_load_q.with(bar_q, 0), tQgQ, tQsQ);
+    }
     if constexpr (Traits::kIntraWGOverlap) {
       // Consumption order is K(j), V(j+1): issue loads in that order.
       for (; n_block > range.n_min; --n_block) {
@@ -120,12 +162,12 @@ struct FwdMainloop {
   }
 
   template <bool kSeqlen, bool kRight, bool kLeft, class TensorS, class TensorC>
-  CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, Params const& params, int m_block,
+  CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, MaskSpec const& mask, int m_block,
                                          int n_block) {
     if constexpr (kSeqlen || kRight || kLeft) {
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor c = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-      apply_mask<kSeqlen, kRight, kLeft>(s, c, params.mask, m_block * kBlockM, n_block * kBlockN);
+      apply_mask<kSeqlen, kRight, kLeft>(s, c, mask, m_block * kBlockM, n_block * kBlockN);
     }
   }
 
@@ -135,8 +177,8 @@ struct FwdMainloop {
   // scheduler_init must have run once before the first tile.
   template <class TensorO, int kNRows>
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                 MainloopPipeline& pipeline_v, TileCoord tile, NBlockRange range,
-                                 TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx,
+                                 MainloopPipeline& pipeline_v, TileCoord tile, MaskSpec const& mask,
+                                 NBlockRange range, TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx,
                                  PipelineState& read, int q_phase) {
     using TiledMmaQK = typename Traits::TiledMmaQK;
     using TiledMmaPV = typename Traits::TiledMmaPV;
@@ -181,7 +223,7 @@ struct FwdMainloop {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
-      mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, params, tile.m_block, n_block);
+      mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, mask, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
       softmax.template step<true, Traits::kRescaleSlack>(s, row_scale);
       if constexpr (Traits::kIntraWGOverlap) {
@@ -214,7 +256,7 @@ struct FwdMainloop {
         scheduler_arrive(wg);
         warpgroup_wait<1>();  // S ready; the PV GEMM may still run
         pipeline_k.consumer_release(read);
-        mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
+        mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
@@ -232,7 +274,7 @@ struct FwdMainloop {
         scheduler_arrive(wg);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
-        mask_scores<kS, kR, kL>(tSrS, tScS, params, tile.m_block, n);
+        mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         Tensor o = rowcol(tOrO);

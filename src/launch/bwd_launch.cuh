@@ -7,6 +7,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "bwd/kernel.h"
+#include "bwd/varlen_prep.h"
 #include "bwd/workspace.h"
 #include "common/cuda_check.h"
 #include "common/params.h"
@@ -27,12 +28,12 @@ inline int bwd_tile_group(const BwdParams& p, int elem_bytes) {
   return g < 1 ? 1 : g;
 }
 
-template <class Traits, bool kLpt>
-Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const BwdSplitPlan& split, int row_shift,
-                       cudaStream_t stream) {
+// The main kernel's tensor maps, shapes and problem fields from p and the
+// workspace layout (the split plan and block order are the caller's).
+template <class Traits, class KParams>
+Status build_bwd_kernel_params(const BwdParams& p, const BwdWorkspaceLayout& w, int row_shift, KParams& kp) {
   using Element = typename Traits::Element;
   using namespace cute;
-  typename Traits::Params kp{};
   char* ws = static_cast<char*>(p.workspace);
   // Tensor maps need every extent >= 1; empty extents never reach a load.
   const int sq = p.seqlen_q > 0 ? p.seqlen_q : 1;
@@ -87,6 +88,15 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const Bw
   kp.softmax_scale = p.softmax_scale;
   kp.softmax_scale_log2 = p.softmax_scale_log2;
   kp.deterministic = p.deterministic;
+  return Status::Ok();
+}
+
+template <class Traits, bool kLpt>
+Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const BwdSplitPlan& split, int row_shift,
+                       cudaStream_t stream) {
+  typename Traits::Params kp{};
+  FLASH3_RETURN_IF_ERROR(build_bwd_kernel_params<Traits>(p, w, row_shift, kp));
+  char* ws = static_cast<char*>(p.workspace);
   kp.tile_group = kLpt ? bwd_tile_group(p, int(sizeof(typename Traits::Element))) : 0;
   const int num_n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   kp.num_n_blocks = num_n_blocks;
@@ -114,6 +124,114 @@ Status launch_bwd_main(const BwdParams& p, const BwdWorkspaceLayout& w, const Bw
                                                                    stream, kp);
 }
 
+// Preprocess / postprocess parameters from p and the workspace layout
+// (varlen launches then add their tile map).
+inline BwdPrepParams bwd_prep_params(const BwdParams& p, const BwdWorkspaceLayout& w, int row_shift) {
+  char* ws = static_cast<char*>(p.workspace);
+  BwdPrepParams pp{};
+  pp.o = p.o;
+  pp.dout = p.dout;
+  pp.lse = p.lse_in;
+  pp.dlse = p.dlse;
+  pp.o_row_stride = p.o_row_stride;
+  pp.o_head_stride = p.o_head_stride;
+  pp.o_batch_stride = p.o_batch_stride;
+  pp.do_row_stride = p.do_row_stride;
+  pp.do_head_stride = p.do_head_stride;
+  pp.do_batch_stride = p.do_batch_stride;
+  pp.lse_head_stride = p.lse_head_stride;
+  pp.lse_batch_stride = p.lse_batch_stride;
+  pp.dlse_head_stride = p.dlse_head_stride;
+  pp.dlse_batch_stride = p.dlse_batch_stride;
+  pp.lse_log2 = reinterpret_cast<float*>(ws + w.lse_offset);
+  pp.dpsum = reinterpret_cast<float*>(ws + w.dpsum_offset);
+  pp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum_offset);
+  pp.dq_sem = reinterpret_cast<int*>(ws + w.sem_offset);
+  pp.split_count = reinterpret_cast<int*>(ws + w.split_count_offset);
+  pp.split_tiles = 0;
+  pp.seqlen_q = p.seqlen_q;
+  pp.heads_q = p.heads_q;
+  pp.num_m_blocks = w.num_m_blocks;
+  pp.seqlen_q_pad = w.seqlen_q_pad;
+  pp.head_dim = p.head_dim;
+  pp.row_shift = row_shift;
+  return pp;
+}
+
+inline BwdPostParams bwd_post_params(const BwdParams& p, const BwdWorkspaceLayout& w, int row_shift) {
+  BwdPostParams pp{};
+  pp.dq_accum = reinterpret_cast<const float*>(static_cast<char*>(p.workspace) + w.dq_accum_offset);
+  pp.dq = p.dq;
+  pp.dq_row_stride = p.dq_row_stride;
+  pp.dq_head_stride = p.dq_head_stride;
+  pp.dq_batch_stride = p.dq_batch_stride;
+  pp.seqlen_q = p.seqlen_q;
+  pp.heads_q = p.heads_q;
+  pp.num_m_blocks = w.num_m_blocks;
+  pp.row_shift = row_shift;
+  pp.softmax_scale = p.softmax_scale;
+  return pp;
+}
+
+// Variable-length backward: the prep kernel (per-sequence info, tensor maps,
+// query- and KV-tile maps), preprocess over the query tiles, the main kernel
+// over the KV-tile map's upper bound (one KV block per CTA, no split plan, no
+// row shift) and postprocess, on one stream. The per-query-block scratch is
+// laid out as one batch element of (query-tile bound) blocks, followed by the
+// prep kernel's scratch (bwd_varlen_workspace).
+template <class Traits>
+Status launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const BwdVarlenWorkspace vw = bwd_varlen_workspace(p, kBlockM, kBlockN);
+  const BwdWorkspaceLayout& w = vw.layout;
+  char* ws = static_cast<char*>(p.workspace);
+  const int q_bound = w.num_m_blocks;
+
+  typename Traits::Params kp{};
+  FLASH3_RETURN_IF_ERROR(build_bwd_kernel_params<Traits>(bwd_varlen_as_one_batch(p), w, 0, kp));
+  kp.varlen = varlen_scratch_at(ws + vw.scratch_offset, p.batch, q_bound, vw.kv_tiles_bound);
+  kp.tile_group = 0;
+  kp.tail_heads = 0;
+  kp.num_n_blocks = 0;
+  kp.split_first = 0;
+  kp.split_pieces = 1;
+
+  BwdVarlenPrepArgs a{};
+  a.seqs = {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.batch, p.seqlen_q, p.seqlen_k};
+  a.q = {p.q, p.q_row_stride, p.q_head_stride};
+  a.k = {p.k, p.k_row_stride, p.k_head_stride};
+  a.v = {p.v, p.v_row_stride, p.v_head_stride};
+  a.dout = {p.dout, p.do_row_stride, p.do_head_stride};
+  a.scratch = kp.varlen;
+  const int64_t maps = int64_t(p.batch) * kNumVarlenDesc;
+  const int64_t prep_ctas = (maps + kVarlenPrepThreads - 1) / kVarlenPrepThreads;
+  FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 varlen backward prep launch", flash_bwd_varlen_prep_kernel<Traits>,
+                                       dim3(unsigned(prep_ctas > 1 ? prep_ctas : 1)), dim3(kVarlenPrepThreads), 0,
+                                       stream, kp, a));
+
+  BwdPrepParams pp = bwd_prep_params(p, w, 0);
+  pp.q_tiles = kp.varlen.tiles;
+  pp.seqs = kp.varlen.seqs;
+  FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 backward preprocess launch",
+                                       flash_bwd_preprocess_kernel<Element, Traits::kHeadDimV, kBlockM, true>,
+                                       dim3(q_bound, p.heads_q, 1), dim3(kBlockM * 4), 0, stream, pp));
+  FLASH3_RETURN_IF_ERROR((launch_kernel_smem<&flash_bwd_kernel<Traits, true, false>>(
+      "flash3 backward kernel launch", dim3(vw.kv_tiles_bound, p.heads_kv, 1), dim3(Traits::kNumThreads),
+      Traits::kSmemBytes, stream, kp)));
+  BwdPostParams post = bwd_post_params(p, w, 0);
+  post.q_tiles = kp.varlen.tiles;
+  post.seqs = kp.varlen.seqs;
+  return launch_kernel("flash3 backward postprocess launch", flash_bwd_postprocess_kernel<Traits>,
+                       dim3(q_bound, p.heads_q, 1), dim3(Traits::kNumMmaThreads), 0, stream, post);
+}
+
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
+Status run_bwd_varlen_mask(const BwdParams& p, cudaStream_t stream) {
+  using Cfg = DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>;
+  return launch_bwd_varlen<BwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true>>(p, stream);
+}
+
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
 Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
   using Traits =
@@ -127,36 +245,10 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
   BwdSplitPlan split;
   const BwdWorkspaceLayout w = bwd_workspace_for(p, kBlockM, Traits::kBlockN, &split);
   const int row_shift = bwd_row_shift(w, p.seqlen_q, kCausalOrLocal);
-  char* ws = static_cast<char*>(p.workspace);
 
   if (w.num_m_blocks > 0) {
-    BwdPrepParams pp{};
-    pp.o = p.o;
-    pp.dout = p.dout;
-    pp.lse = p.lse_in;
-    pp.dlse = p.dlse;
-    pp.o_row_stride = p.o_row_stride;
-    pp.o_head_stride = p.o_head_stride;
-    pp.o_batch_stride = p.o_batch_stride;
-    pp.do_row_stride = p.do_row_stride;
-    pp.do_head_stride = p.do_head_stride;
-    pp.do_batch_stride = p.do_batch_stride;
-    pp.lse_head_stride = p.lse_head_stride;
-    pp.lse_batch_stride = p.lse_batch_stride;
-    pp.dlse_head_stride = p.dlse_head_stride;
-    pp.dlse_batch_stride = p.dlse_batch_stride;
-    pp.lse_log2 = reinterpret_cast<float*>(ws + w.lse_offset);
-    pp.dpsum = reinterpret_cast<float*>(ws + w.dpsum_offset);
-    pp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum_offset);
-    pp.dq_sem = reinterpret_cast<int*>(ws + w.sem_offset);
-    pp.split_count = reinterpret_cast<int*>(ws + w.split_count_offset);
+    BwdPrepParams pp = bwd_prep_params(p, w, row_shift);
     pp.split_tiles = split.tiles;
-    pp.seqlen_q = p.seqlen_q;
-    pp.heads_q = p.heads_q;
-    pp.num_m_blocks = w.num_m_blocks;
-    pp.seqlen_q_pad = w.seqlen_q_pad;
-    pp.head_dim = p.head_dim;
-    pp.row_shift = row_shift;
     FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 backward preprocess launch",
                                          flash_bwd_preprocess_kernel<Element, kHeadDimV, kBlockM>,
                                          dim3(w.num_m_blocks, p.heads_q, p.batch), dim3(kBlockM * 4), 0, stream, pp));
@@ -165,17 +257,7 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
     FLASH3_RETURN_IF_ERROR((launch_bwd_main<Traits, kCausalOrLocal>(p, w, split, row_shift, stream)));
   }
   if (w.num_m_blocks > 0) {
-    BwdPostParams pp{};
-    pp.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum_offset);
-    pp.dq = p.dq;
-    pp.dq_row_stride = p.dq_row_stride;
-    pp.dq_head_stride = p.dq_head_stride;
-    pp.dq_batch_stride = p.dq_batch_stride;
-    pp.seqlen_q = p.seqlen_q;
-    pp.heads_q = p.heads_q;
-    pp.num_m_blocks = w.num_m_blocks;
-    pp.row_shift = row_shift;
-    pp.softmax_scale = p.softmax_scale;
+    const BwdPostParams pp = bwd_post_params(p, w, row_shift);
     FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 backward postprocess launch", flash_bwd_postprocess_kernel<Traits>,
                                          dim3(w.num_m_blocks, p.heads_q, p.batch), dim3(Traits::kNumMmaThreads), 0,
                                          stream, pp));
@@ -187,6 +269,11 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
 // blocks keep n_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV, bool kShortQ>
 Status run_bwd_masks(const BwdParams& p, cudaStream_t stream) {
+  if (p.varlen) {
+    if (p.is_local) return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true, kShortQ>(p, stream);
+    if (p.is_causal) return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true, kShortQ>(p, stream);
+    return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskNone, false, kShortQ>(p, stream);
+  }
   if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true, kShortQ>(p, stream);
   if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true, kShortQ>(p, stream);
   return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, false, kShortQ>(p, stream);
@@ -197,7 +284,7 @@ Status run_bwd_masks(const BwdParams& p, cudaStream_t stream) {
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_bwd(const BwdParams& p, cudaStream_t stream) {
   if constexpr (bwd_has_short_tile(kHeadDim)) {
-    if (bwd_short_tile(kHeadDim, p.seqlen_q)) return run_bwd_masks<Element, kHeadDim, kHeadDimV, true>(p, stream);
+    if (bwd_short_tile(kHeadDim, bwd_tile_seqlen_q(p))) return run_bwd_masks<Element, kHeadDim, kHeadDimV, true>(p, stream);
   }
   return run_bwd_masks<Element, kHeadDim, kHeadDimV, false>(p, stream);
 }

@@ -9,6 +9,7 @@
 
 #include "bwd/workspace.h"
 #include "common/cuda_check.h"
+#include "common/seqlen.h"
 #include "config/tile_size.h"
 
 namespace flash3 {
@@ -79,12 +80,38 @@ BwdWorkspaceLayout bwd_workspace_for(const BwdParams& p, int tile_m, int tile_n,
                               size_t(tile_n) * (p.head_dim + p.head_dim_v));
 }
 
+BwdVarlenWorkspace bwd_varlen_workspace(const BwdParams& p, int tile_m, int tile_n) {
+  BwdVarlenWorkspace v;
+  const int64_t q_bound = varlen_tiles_bound(p.seqlen_q, p.batch, tile_m);
+  const int64_t kv_bound = varlen_tiles_bound(p.seqlen_k, p.batch, tile_n);
+  v.kv_tiles_bound = int(kv_bound);
+  v.layout = bwd_workspace_layout(1, p.heads_q, int(q_bound * tile_m), p.head_dim, tile_m);
+  v.scratch_offset = v.layout.bytes;  // 256-byte aligned
+  v.bytes = v.scratch_offset + align256(varlen_scratch_bytes(p.batch, q_bound, kv_bound));
+  return v;
+}
+
+BwdParams bwd_varlen_as_one_batch(const BwdParams& p) {
+  BwdParams w = p;
+  w.batch = 1;
+  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  w.q_batch_stride = p.q_row_stride;
+  w.k_batch_stride = p.k_row_stride;
+  w.v_batch_stride = p.v_row_stride;
+  w.o_batch_stride = p.o_row_stride;
+  w.do_batch_stride = p.do_row_stride;
+  return w;
+}
+
 static BwdTileConfig bwd_config_of(const BwdParams& p) {
-  return bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, bwd_short_tile(p.head_dim, p.seqlen_q));
+  return bwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local,
+                         bwd_short_tile(p.head_dim, bwd_tile_seqlen_q(p)));
 }
 
 size_t backward_workspace_bytes(const BwdParams& p) {
   const BwdTileConfig cfg = bwd_config_of(p);
+  if (p.varlen) return bwd_varlen_workspace(p, cfg.tile_m, cfg.tile_n).bytes;
   BwdSplitPlan split;
   return bwd_workspace_for(p, cfg.tile_m, cfg.tile_n, &split).bytes;
 }

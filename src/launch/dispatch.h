@@ -23,4 +23,21 @@ size_t backward_workspace_bytes_bound(const BwdParams& params);
 // backward_workspace_bytes both come here, so they agree.
 BwdWorkspaceLayout bwd_workspace_for(const BwdParams& params, int tile_m, int tile_n, BwdSplitPlan* split);
 
+// Varlen backward scratch: the per-query-block arrays as one batch element of
+// the query-tile bound's blocks (total_q / tile_m + sequences), then the prep
+// kernel's scratch (tensor maps, sequences, tile maps) at scratch_offset.
+struct BwdVarlenWorkspace {
+  BwdWorkspaceLayout layout;
+  int kv_tiles_bound = 0;
+  size_t scratch_offset = 0, bytes = 0;
+};
+BwdVarlenWorkspace bwd_varlen_workspace(const BwdParams& params, int tile_m, int tile_n);
+// The params of a varlen problem as one fixed-length batch element holding
+// every row (batch stride = row stride), from which the launch's whole-tensor
+// maps are built; the prep kernel derives each sequence's maps from them.
+BwdParams bwd_varlen_as_one_batch(const BwdParams& params);
+// The query length that picks the backward's tile config: seqlen_q, or for
+// varlen the longest sequence (max_seqlen_q).
+inline int bwd_tile_seqlen_q(const BwdParams& p) { return p.varlen ? p.max_seqlen_q : p.seqlen_q; }
+
 }  // namespace flash3

@@ -12,6 +12,7 @@
 #include "common/cuda_check.h"
 #include "common/params.h"
 #include "fwd/kernel.h"
+#include "fwd/varlen_prep.h"
 #include "launch/launch_kernel.cuh"
 
 namespace flash3 {
@@ -33,11 +34,13 @@ inline int fwd_tile_order(const FwdParams& p, int num_m_blocks, int d, int dv, i
   return g < 1 ? 1 : g;
 }
 
-template <class Traits, class Scheduler>
-Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
+// The kernel's tensor maps, shapes and problem fields from p. Varlen launches
+// pass p lowered by varlen_as_one_batch: whole tensors as one batch element,
+// which the prep kernel's per-sequence maps then cut.
+template <class Traits, class KParams>
+Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   using Element = typename Traits::Element;
   using namespace cute;
-  typename Traits::Params kp{};
   // K/V extents: a tensor map needs every dimension >= 1; with seqlen_k == 0 no
   // KV block is ever loaded (the tile range is empty).
   const int sk = p.seqlen_k > 0 ? p.seqlen_k : 1;
@@ -78,6 +81,14 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   kp.softmax_scale = p.softmax_scale;
   kp.softmax_scale_log2 = p.softmax_scale_log2;
+  return Status::Ok();
+}
+
+template <class Traits, class Scheduler>
+Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  typename Traits::Params kp{};
+  FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(p, kp));
 
   constexpr auto kernel = &flash_fwd_kernel<Traits, Scheduler>;
   constexpr int smem = Traits::kSmemBytes;
@@ -109,6 +120,79 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
                                     kp, static_cast<int*>(nullptr));
 }
 
+inline VarlenSeqs varlen_seqs_of(const FwdParams& p) {
+  return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.batch, p.seqlen_q, p.seqlen_k};
+}
+
+// One prep thread per tensor map (at least one CTA: CTA 0 writes the tile map).
+inline dim3 varlen_prep_grid(int num_seqs) {
+  const int64_t maps = int64_t(num_seqs) * kNumVarlenDesc;
+  const int64_t ctas = (maps + kVarlenPrepThreads - 1) / kVarlenPrepThreads;
+  return dim3(unsigned(ctas > 0 ? ctas : 1));
+}
+
+// A varlen problem as one fixed-length batch element holding every row: the
+// launch's tensor maps span the whole tensors (batch stride = row stride,
+// batch extent 1); the prep kernel derives each sequence's maps from them.
+inline FwdParams varlen_as_one_batch(const FwdParams& p) {
+  FwdParams w = p;
+  w.batch = 1;
+  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  w.q_batch_stride = p.q_row_stride;
+  w.k_batch_stride = p.k_row_stride;
+  w.v_batch_stride = p.v_row_stride;
+  w.o_batch_stride = p.o_row_stride;
+  return w;
+}
+
+// Variable-length forward: the prep kernel (per-sequence info, tensor maps
+// and tile map, all on the device), then the attention kernel over the tile
+// map's upper bound, on one stream. The scratch is stream-ordered.
+template <class Traits>
+Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
+  static_assert(Traits::kVarlen && !Traits::kPersistent, "varlen runs one tile per CTA");
+  typename Traits::Params kp{};
+  FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
+  kp.tile_order = -1;
+  kp.batch = p.batch;
+  const int64_t bound = varlen_tiles_bound(p.seqlen_q, p.batch, Traits::kBlockM);
+  if (bound > int64_t(INT32_MAX)) return Status::Invalid("varlen: more than 2^31 query tiles");
+  void* scratch = nullptr;
+  FLASH3_CUDA_TRY(cudaMallocAsync(&scratch, varlen_scratch_bytes(p.batch, bound), stream));
+  kp.varlen = varlen_scratch_at(scratch, p.batch, bound);
+
+  VarlenPrepArgs a{};
+  a.seqs = varlen_seqs_of(p);
+  a.q = {p.q, p.q_row_stride, p.q_head_stride};
+  a.k = {p.k, p.k_row_stride, p.k_head_stride};
+  a.v = {p.v, p.v_row_stride, p.v_head_stride};
+  a.o = {p.o, p.o_row_stride, p.o_head_stride};
+  a.longest_first = Traits::Mask::kHasRight;
+  a.scratch = kp.varlen;
+  Status s = launch_kernel("flash3 varlen prep launch", flash_fwd_varlen_prep_kernel<Traits>,
+                           varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a);
+  if (s.ok()) {
+    constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
+    s = launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), p.heads_q),
+                                   dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp,
+                                   static_cast<int*>(nullptr));
+  }
+  Status freed = cuda_call(cudaFreeAsync(scratch, stream), "cudaFreeAsync(varlen scratch)");
+  return s.ok() ? freed : s;
+}
+
+// The tile table's shapes. (d = 64 causal: the three-warpgroup tile spills
+// 12 STL / 15 LDL in one main loop at 160 registers without persistence, yet
+// measured 0.970 / 0.997 of the fixed-length kernel at 8k / 16k against
+// 0.888 / 0.913 for the two-warpgroup sliding-window tile, which does not
+// spill; docs/performance.md.)
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal>
+Status run_fwd_varlen_mask(const FwdParams& p, cudaStream_t stream) {
+  using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
+  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true>>(p, stream);
+}
+
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal,
           bool kShortCausal = false>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
@@ -122,6 +206,11 @@ Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.varlen) {
+    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true>(p, stream);
+    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true>(p, stream);
+    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskNone, false>(p, stream);
+  }
   if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
   if (p.is_causal) {
     // Head dims whose causal problems all take the short-causal kernel

@@ -11,8 +11,12 @@
 //    tile of the longest-first order from a global counter when it needs one
 //    (a static round-robin over that order measured 5-13% slower than
 //    one-tile CTAs: unequal tiles need the greedy, dynamic assignment).
+//  * VarlenTileScheduler: variable-length batches, one tile per CTA from the
+//    tile map the varlen prep kernel wrote (fwd/varlen_prep.h).
 #pragma once
 #include <cutlass/cutlass.h>
+
+#include "common/seqlen.h"
 
 namespace flash3 {
 
@@ -110,6 +114,18 @@ struct DynamicLptTileScheduler : PersistentTileScheduler {
   CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads, int batch, int order) {
     if (order < 0) return PersistentTileScheduler::tile_at(linear, num_m_blocks, heads, batch, order);
     return LptTileScheduler::from_linear(linear, num_m_blocks, heads, heads * batch, order);
+  }
+};
+
+// Varlen: gridDim.x indexes the tile map (an upper bound of the tile count:
+// entries past the last tile have m_block < 0 and their CTAs exit at once),
+// gridDim.y the query heads, so the CTAs of a wave share a head's K / V.
+struct VarlenTileScheduler {
+  static constexpr bool kDynamic = false;
+  static dim3 grid(int tiles_bound, int heads) { return dim3(unsigned(tiles_bound), unsigned(heads), 1); }
+  CUTLASS_DEVICE static TileCoord tile(VarlenScratch const& s) {
+    const VarlenTile t = s.tiles[blockIdx.x];
+    return {t.m_block, int(blockIdx.y), t.batch};
   }
 };
 

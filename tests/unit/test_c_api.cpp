@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -99,8 +100,14 @@ TEST_F(CApi, DefaultOptions) {
   EXPECT_EQ(o.cu_seqlens_k, nullptr);
   EXPECT_EQ(o.max_seqlen_q, 0);
   EXPECT_EQ(o.max_seqlen_k, 0);
+  EXPECT_EQ(o.num_sequences, 0);
+  EXPECT_EQ(o.seqused_q, nullptr);
+  EXPECT_EQ(o.seqused_k, nullptr);
   // The C defaults are the C++ defaults.
   const flash3::AttentionOptions cpp;
+  EXPECT_EQ(o.num_sequences, cpp.num_sequences);
+  EXPECT_EQ(o.seqused_q, cpp.seqused_q);
+  EXPECT_EQ(o.seqused_k, cpp.seqused_k);
   EXPECT_EQ(o.window_left, cpp.window_left);
   EXPECT_EQ(o.window_right, cpp.window_right);
   EXPECT_EQ(o.softcap, cpp.softcap);
@@ -117,6 +124,87 @@ TEST_F(CApi, OptionsNeedTheirSize) {
   zeroed.struct_size = sizeof(flash3_options) + 8;  // a newer header than this library
   EXPECT_EQ(flash3_validate_forward(&f.q, &f.k, &f.v, &f.out, &f.lse, &zeroed), FLASH3_INVALID_ARGUMENT);
   EXPECT_EQ(flash3_backward_workspace_size(&f.q, &f.k, &f.v, &zeroed), 0u);
+}
+
+TEST_F(CApi, VarlenFieldsAreAppended) {
+  // New fields go at the end: the first layout's offsets are unchanged.
+  EXPECT_EQ(offsetof(flash3_options, max_seqlen_k) + sizeof(int32_t), offsetof(flash3_options, num_sequences));
+  EXPECT_LT(offsetof(flash3_options, num_sequences), offsetof(flash3_options, seqused_q));
+  EXPECT_LT(offsetof(flash3_options, seqused_q), offsetof(flash3_options, seqused_k));
+  EXPECT_EQ(sizeof(flash3_options), offsetof(flash3_options, seqused_k) + sizeof(const int32_t*));
+  // Only this header's size is accepted (no older layout was released): the
+  // size of the struct without the new fields is rejected too.
+  Fwd f;
+  f.opts.struct_size = static_cast<uint32_t>(offsetof(flash3_options, num_sequences));
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  const std::string want = "opts->struct_size is " + std::to_string(offsetof(flash3_options, num_sequences)) + ";";
+  EXPECT_TRUE(contains(last_error(), want.c_str())) << last_error();
+}
+
+// Variable length through the C ABI: (total, h, d) tensors, (hq, total_q) lse.
+struct VarlenFwd : Fwd {
+  VarlenFwd() {
+    q = tensor(0x1000000, FLASH3_BF16, 3, {300, 8, 64});
+    k = tensor(0x2000000, FLASH3_BF16, 3, {500, 2, 64});
+    v = tensor(0x3000000, FLASH3_BF16, 3, {500, 2, 64});
+    out = tensor(0x4000000, FLASH3_BF16, 3, {300, 8, 64});
+    lse = tensor(0x5000000, FLASH3_FP32, 2, {8, 300});
+    opts.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xA000000);
+    opts.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xB000000);
+    opts.max_seqlen_q = 200;
+    opts.max_seqlen_k = 300;
+    opts.num_sequences = 3;
+  }
+};
+
+TEST_F(CApi, VarlenFieldsArePassedThrough) {
+  VarlenFwd f;
+  EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << last_error();
+  f.opts.seqused_q = reinterpret_cast<const int32_t*>(0xC000000);
+  f.opts.seqused_k = reinterpret_cast<const int32_t*>(0xD000000);
+  EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << last_error();
+  // num_sequences reaches the C++ options.
+  f.opts.num_sequences = -1;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.num_sequences is -1; expected >= 0")) << last_error();
+  EXPECT_EQ(f.forward(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "flash3_forward: opts.num_sequences is -1")) << last_error();
+  // seqused_q / seqused_k reach the C++ options.
+  f.opts.num_sequences = 3;
+  f.opts.seqused_q = reinterpret_cast<const int32_t*>(0xC000002);
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.seqused_q (0xc000002) is not 4-byte aligned")) << last_error();
+  f.opts.seqused_q = nullptr;
+  f.opts.seqused_k = reinterpret_cast<const int32_t*>(0xD000001);
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.seqused_k (0xd000001) is not 4-byte aligned")) << last_error();
+  // seqused without cu_seqlens.
+  Fwd fixed;
+  fixed.opts.seqused_k = reinterpret_cast<const int32_t*>(0xD000000);
+  EXPECT_EQ(fixed.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.seqused_k needs opts.cu_seqlens_k")) << last_error();
+}
+
+TEST_F(CApi, VarlenWithoutSequencesIsOk) {
+  VarlenFwd f;
+  f.opts.num_sequences = 0;  // nothing to compute: Ok without a kernel or a launch
+  EXPECT_EQ(f.forward(), FLASH3_OK) << last_error();
+  EXPECT_EQ(f.validate(), FLASH3_OK) << last_error();
+}
+
+TEST_F(CApi, VarlenBackwardEmptyIsOk) {
+  VarlenFwd f;
+  const flash3_tensor dout = tensor(0x6000000, FLASH3_BF16, 3, {300, 8, 64});
+  const flash3_tensor dq = tensor(0x7000000, FLASH3_BF16, 3, {300, 8, 64});
+  const flash3_tensor dk = tensor(0x8000000, FLASH3_BF16, 3, {500, 2, 64});
+  const flash3_tensor dv = tensor(0x9000000, FLASH3_BF16, 3, {500, 2, 64});
+  EXPECT_GT(flash3_backward_workspace_size(&f.q, &f.k, &f.v, &f.opts), 0u);
+  f.opts.num_sequences = 0;  // empty: no kernel needed, the same answer on every build
+  EXPECT_EQ(flash3_backward(&f.q, &f.k, &f.v, &f.out, &dout, &f.lse, nullptr, &dq, &dk, &dv, &f.opts, nullptr, 0,
+                            nullptr),
+            FLASH3_OK)
+      << last_error();
+  EXPECT_EQ(flash3_backward_workspace_size(&f.q, &f.k, &f.v, &f.opts), 0u);
 }
 
 TEST_F(CApi, VersionString) {

@@ -12,7 +12,10 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "api/validate.h"
 #include "common/params.h"
@@ -585,7 +588,7 @@ TEST_F(ValidationForward, CuSeqlensOnlyOneSide) {
                       {"opts.cu_seqlens_q is null", "both or neither"}));
 }
 
-// Variable length: (total, h, d) tensors and (hq, total_q) lse.
+// Variable length: (total, h, d) tensors and (hq, total_q) lse, 3 sequences.
 ForwardArgs make_varlen(int64_t total_q = 300, int64_t total_k = 500) {
   ForwardArgs a;
   const int64_t q[3] = {total_q, 8, 64}, k[3] = {total_k, 2, 64}, l[2] = {8, total_q};
@@ -598,17 +601,44 @@ ForwardArgs make_varlen(int64_t total_q = 300, int64_t total_k = 500) {
   a.opts.cu_seqlens_k = static_cast<const int*>(fake(0xB000000));
   a.opts.max_seqlen_q = 200;
   a.opts.max_seqlen_k = 300;
+  a.opts.num_sequences = 3;
   return a;
 }
 
-TEST_F(ValidationForward, VarlenLayoutValidAndNotSupportedYet) {
+// The varlen backward arguments of make_varlen()'s forward.
+BackwardArgs make_varlen_bwd(int64_t total_q = 300, int64_t total_k = 500) {
+  const ForwardArgs f = make_varlen(total_q, total_k);
+  BackwardArgs a;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.out = f.out;
+  a.lse = f.lse;
+  a.opts = f.opts;
+  a.dout = f.out;
+  a.dout.data = fake(0x6000000);
+  a.dq = f.q;
+  a.dq.data = fake(0x7000000);
+  a.dk = f.k;
+  a.dk.data = fake(0x8000000);
+  a.dv = f.v;
+  a.dv.data = fake(0x9000000);
+  return a;
+}
+
+TEST_F(ValidationForward, VarlenLayoutValid) {
   ForwardArgs a = make_varlen();
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
-  const Status s = flash3::forward(a, nullptr);
-  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
-  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
-    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"varlen"}));
-  }
+  expect_valid_forward(a);
+  a.opts.seqused_q = static_cast<const int*>(fake(0xC000000));
+  a.opts.seqused_k = static_cast<const int*>(fake(0xD000000));
+  expect_valid_forward(a);
+  // The tile maps are sized in int32 rows: total + 256 rows per sequence.
+  const int64_t total = std::max(a.q.shape[0], a.k.shape[0]);
+  a.opts.num_sequences = static_cast<int>((2147482623 - total) / 256);
+  expect_valid_forward(a);
+  a.opts.num_sequences += 1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"256 * opts.num_sequences", "tile maps are sized in int32 rows"}));
 }
 
 TEST_F(ValidationForward, VarlenRejectsFixedLengthLayout) {
@@ -629,6 +659,157 @@ TEST_F(ValidationForward, VarlenLseShape) {
   a.lse.shape[1] = 299;
   EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
                       {"lse.shape[1] (total_q) is 299; expected 300"}));
+}
+
+TEST_F(ValidationForward, NegativeNumSequences) {
+  ForwardArgs a = make_varlen();
+  a.opts.num_sequences = -1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.num_sequences is -1; expected >= 0"}));
+  EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"opts.num_sequences is -1"}));
+  // A negative count is wrong whether or not cu_seqlens is set.
+  ForwardArgs f = make_fwd();
+  f.opts.num_sequences = -7;
+  EXPECT_TRUE(IsError(flash3::validate_forward(f), StatusCode::kInvalidArgument, {"opts.num_sequences is -7"}));
+  BackwardArgs b = make_varlen_bwd();
+  b.opts.num_sequences = -2;
+  EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {"opts.num_sequences is -2"}));
+}
+
+TEST_F(ValidationForward, TooManySequences) {
+  ForwardArgs a = make_varlen();
+  a.opts.num_sequences = (1 << 30) + 1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.num_sequences is 1073741825", "expected <= 1073741824", "int32"}));
+  a.opts.num_sequences = std::numeric_limits<int>::max();
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.num_sequences is 2147483647"}));
+}
+
+TEST_F(ValidationForward, SequsedNeedsCuSeqlens) {
+  ForwardArgs a = make_fwd();
+  a.opts.seqused_q = static_cast<const int*>(fake(0xC000000));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.seqused_q is set (0xc000000)", "opts.cu_seqlens_q is null",
+                       "opts.seqused_q needs opts.cu_seqlens_q"}));
+  a.opts.seqused_q = nullptr;
+  a.opts.seqused_k = static_cast<const int*>(fake(0xD000000));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.seqused_k is set (0xd000000)", "opts.seqused_k needs opts.cu_seqlens_k"}));
+  EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"opts.seqused_k"}));
+  BackwardArgs b = make_bwd();
+  b.opts.seqused_q = static_cast<const int*>(fake(0xC000000));
+  EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {"opts.seqused_q needs"}));
+}
+
+TEST_F(ValidationForward, VarlenArraysMisaligned) {
+  ForwardArgs a = make_varlen();
+  a.opts.cu_seqlens_k = static_cast<const int*>(fake(0xB000002));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.cu_seqlens_k (0xb000002) is not 4-byte aligned"}));
+  a = make_varlen();
+  a.opts.seqused_q = static_cast<const int*>(fake(0xC000001));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.seqused_q (0xc000001) is not 4-byte aligned", "int32"}));
+  a = make_varlen();
+  a.opts.seqused_k = static_cast<const int*>(fake(0xD000006));
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"opts.seqused_k (0xd000006) is not 4-byte aligned"}));
+}
+
+TEST_F(ValidationForward, VarlenSeqlenSumLimit) {
+  // total_q + total_k fits the fixed-length rule; adding the longest sequence
+  // (the window's reach) does not.
+  constexpr int64_t kLimit = std::numeric_limits<int32_t>::max() - 1024;
+  const int64_t total_q = 1000000000, total_k = 1000000000;
+  ForwardArgs a = make_varlen(total_q, total_k);
+  int i = 1;  // 1 TB apart: the tensors do not overlap
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.lse}) t->data = fake(uintptr_t(i++) << 40);
+  a.opts.max_seqlen_q = 1000;
+  a.opts.max_seqlen_k = static_cast<int>(kLimit - total_q - total_k);  // exactly at the limit
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  a.opts.max_seqlen_k += 1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"q.shape[0] (total_q) + k.shape[0] (total_k) + max(opts.max_seqlen_q, opts.max_seqlen_k)",
+                       "= 2147482624", "expected <= 2147482623", "int32"}));
+  // The larger of the two maxima counts.
+  std::swap(a.opts.max_seqlen_q, a.opts.max_seqlen_k);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"max(opts.max_seqlen_q"}));
+  BackwardArgs b = make_varlen_bwd(total_q, total_k);
+  b.opts.max_seqlen_q = a.opts.max_seqlen_q;
+  EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {"max(opts.max_seqlen_q"}));
+  // The fixed-length rule still applies first.
+  ForwardArgs big = make_varlen(1200000000, 1200000000);
+  EXPECT_TRUE(IsError(flash3::validate_forward(big), StatusCode::kInvalidArgument,
+                      {"q.shape[0] (total_q) + k.shape[0] (total_k) is 2400000000"}));
+}
+
+TEST_F(ValidationForward, VarlenEmptyReturnsOkWithoutLaunch) {
+  // d = 32 is never built: Ok proves forward() returned before any dispatch.
+  ForwardArgs a = make_varlen();
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.out}) {
+    t->shape[2] = 32;
+    t->stride[0] = t->shape[1] * 32;
+    t->stride[1] = 32;
+  }
+  a.opts.num_sequences = 0;  // no sequences (cu_seqlens has one entry)
+  EXPECT_TRUE(flash3::forward_is_empty(a));
+  EXPECT_TRUE(IsOk(flash3::validate_forward(a)));
+  EXPECT_TRUE(IsOk(flash3::forward(a, nullptr)));
+  // No query rows.
+  ForwardArgs z = make_varlen(/*total_q=*/0);
+  z.q.data = nullptr;
+  z.out.data = nullptr;
+  z.lse.data = nullptr;
+  EXPECT_TRUE(flash3::forward_is_empty(z));
+  EXPECT_TRUE(IsOk(flash3::forward(z, nullptr)));
+  // Empty, but still validated.
+  a.opts.seqused_q = static_cast<const int*>(fake(0xC000002));
+  EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"opts.seqused_q"}));
+  EXPECT_FALSE(flash3::forward_is_empty(make_varlen()));
+}
+
+TEST_F(ValidationForward, VarlenForwardIsSupported) {
+  // The old "not supported yet: varlen" answer is gone; softcap still is not.
+  ForwardArgs a = make_varlen();
+  a.opts.softcap = 30.f;
+  const Status s = flash3::forward(a, nullptr);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  EXPECT_EQ(s.message.find("varlen"), std::string::npos) << s.message;
+  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"softcap"}));
+  }
+}
+
+TEST_F(ValidationBackward, VarlenBackwardValidatesAndSizesScratch) {
+  BackwardArgs a = make_varlen_bwd();
+  EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));
+  const Status s = flash3::backward(a, nullptr);
+  if (!flash3::backward_is_built(DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"backward kernel", "not built"}));
+  }
+  // An empty varlen backward needs no kernel: Ok on every build, nothing launched.
+  a.opts.num_sequences = 0;
+  EXPECT_TRUE(IsOk(flash3::validate_backward(a)));
+  EXPECT_TRUE(IsOk(flash3::backward(a, nullptr)));
+  // Validation first.
+  a.dq.dtype = DType::kFloat16;
+  EXPECT_TRUE(IsError(flash3::backward(a, nullptr), StatusCode::kInvalidArgument, {"dq.dtype"}));
+  // softcap keeps its own answer (after the kernel check: a built backward).
+  if (flash3::backward_is_built(DType::kBFloat16, 64, 64)) {
+    BackwardArgs c = make_varlen_bwd();
+    c.opts.softcap = 30.f;
+    EXPECT_TRUE(IsError(flash3::backward(c, nullptr), StatusCode::kNotSupported, {"softcap"}));
+  }
+  // Scratch: the per-query-block arrays of total_q / tile_m + sequences blocks
+  // plus the prep kernel's maps; more sequences need more.
+  const size_t ws = flash3::backward_workspace_size(make_varlen_bwd());
+  EXPECT_GT(ws, 0u);
+  BackwardArgs more = make_varlen_bwd();
+  more.opts.num_sequences *= 4;
+  EXPECT_GT(flash3::backward_workspace_size(more), ws);
+  BackwardArgs none = make_varlen_bwd();
+  none.opts.num_sequences = 0;
+  EXPECT_EQ(flash3::backward_workspace_size(none), 0u);
 }
 
 // ----------------------------------------------------------------------------
@@ -909,6 +1090,113 @@ TEST_F(ValidationParams, StridesDimsAndPointersCopied) {
   EXPECT_EQ(p.lse_head_stride, 72);
 }
 
+TEST_F(ValidationParams, FixedLengthIsNotVarlen) {
+  const FwdParams p = flash3::make_fwd_params(make_fwd());
+  EXPECT_FALSE(p.varlen);
+  EXPECT_EQ(p.cu_seqlens_q, nullptr);
+  EXPECT_EQ(p.cu_seqlens_k, nullptr);
+  EXPECT_EQ(p.seqused_q, nullptr);
+  EXPECT_EQ(p.seqused_k, nullptr);
+  EXPECT_EQ(p.max_seqlen_q, 0);
+  EXPECT_EQ(p.max_seqlen_k, 0);
+}
+
+TEST_F(ValidationParams, VarlenLowering) {
+  const int64_t tq = 300, tk = 500, hq = 8, hkv = 2, d = 64, dv = 128;
+  ForwardArgs a = make_varlen(tq, tk);
+  // q rows of a packed (total, 3, hq, d) QKV; k / v heads interleaved; lse rows padded.
+  a.q = TensorView::make3d(fake(0x10000000), DType::kBFloat16, tq, hq, d, 3 * hq * d, d, 1);
+  a.k = TensorView::make3d(fake(0x20000000), DType::kBFloat16, tk, hkv, d, 2 * hkv * d, 2 * d, 1);
+  a.v = TensorView::make3d(fake(0x30000000), DType::kBFloat16, tk, hkv, dv, hkv * dv, dv, 1);
+  a.out = TensorView::make3d(fake(0x40000000), DType::kBFloat16, tq, hq, dv, hq * dv, dv, 1);
+  a.lse = TensorView{};
+  a.lse.data = fake(0x50000000);
+  a.lse.dtype = DType::kFloat32;
+  a.lse.ndim = 2;
+  a.lse.shape[0] = hq;
+  a.lse.shape[1] = tq;
+  a.lse.stride[0] = 304;
+  a.lse.stride[1] = 1;
+  a.opts.num_sequences = 7;
+  a.opts.seqused_q = static_cast<const int*>(fake(0xC000000));
+  a.opts.seqused_k = static_cast<const int*>(fake(0xD000000));
+  ASSERT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  const FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.varlen);
+  EXPECT_EQ(p.cu_seqlens_q, a.opts.cu_seqlens_q);
+  EXPECT_EQ(p.cu_seqlens_k, a.opts.cu_seqlens_k);
+  EXPECT_EQ(p.seqused_q, a.opts.seqused_q);
+  EXPECT_EQ(p.seqused_k, a.opts.seqused_k);
+  EXPECT_EQ(p.max_seqlen_q, 200);
+  EXPECT_EQ(p.max_seqlen_k, 300);
+  EXPECT_EQ(p.q, a.q.data);
+  EXPECT_EQ(p.k, a.k.data);
+  EXPECT_EQ(p.v, a.v.data);
+  EXPECT_EQ(p.o, a.out.data);
+  EXPECT_EQ(static_cast<void*>(p.lse), a.lse.data);
+  // batch = sequences, seqlen = total rows.
+  EXPECT_EQ(p.batch, 7);
+  EXPECT_EQ(p.seqlen_q, tq);
+  EXPECT_EQ(p.seqlen_k, tk);
+  EXPECT_EQ(p.heads_q, hq);
+  EXPECT_EQ(p.heads_kv, hkv);
+  EXPECT_EQ(p.head_dim, d);
+  EXPECT_EQ(p.head_dim_v, dv);
+  // Row = stride[0], head = stride[1], no batch stride.
+  EXPECT_EQ(p.q_batch_stride, 0);
+  EXPECT_EQ(p.q_row_stride, 3 * hq * d);
+  EXPECT_EQ(p.q_head_stride, d);
+  EXPECT_EQ(p.k_batch_stride, 0);
+  EXPECT_EQ(p.k_row_stride, 2 * hkv * d);
+  EXPECT_EQ(p.k_head_stride, 2 * d);
+  EXPECT_EQ(p.v_batch_stride, 0);
+  EXPECT_EQ(p.v_row_stride, hkv * dv);
+  EXPECT_EQ(p.v_head_stride, dv);
+  EXPECT_EQ(p.o_batch_stride, 0);
+  EXPECT_EQ(p.o_row_stride, hq * dv);
+  EXPECT_EQ(p.o_head_stride, dv);
+  // lse (hq, total_q).
+  EXPECT_EQ(p.lse_batch_stride, 0);
+  EXPECT_EQ(p.lse_head_stride, 304);
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_FALSE(p.is_local);
+}
+
+TEST_F(ValidationParams, VarlenWindowNormalisedWithMaxSeqlen) {
+  // max_seqlen_q = 200, max_seqlen_k = 300 while the totals are 300 and 500:
+  // the window is normalised with the maxima, not the totals.
+  ForwardArgs a = make_varlen(300, 500);
+  a.opts.window_left = 299;   // >= max_seqlen_k - 1: cuts nothing
+  a.opts.window_right = 199;  // >= max_seqlen_q - 1: cuts nothing
+  FwdParams p = flash3::make_fwd_params(a);
+  EXPECT_FALSE(p.is_local);
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, -1);
+  a.opts.window_left = 298;
+  a.opts.window_right = 198;
+  p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.is_local);
+  EXPECT_EQ(p.window_left, 298);
+  EXPECT_EQ(p.window_right, 198);
+  // Causal: right = 0; a left side that cuts nothing in the longest sequence leaves plain causal.
+  a.opts.causal = true;
+  a.opts.window_left = 400;
+  p = flash3::make_fwd_params(a);
+  EXPECT_TRUE(p.is_causal);
+  EXPECT_FALSE(p.is_local);
+  EXPECT_EQ(p.window_right, 0);
+  a.opts.window_left = 64;
+  p = flash3::make_fwd_params(a);
+  EXPECT_FALSE(p.is_causal);
+  EXPECT_TRUE(p.is_local);
+  EXPECT_EQ(p.window_left, 64);
+  EXPECT_EQ(p.window_right, 0);
+  // The lengths in the params stay the totals.
+  EXPECT_EQ(p.seqlen_q, 300);
+  EXPECT_EQ(p.seqlen_k, 500);
+}
+
 TEST_F(ValidationParams, NoLseGivesNullPointer) {
   const FwdParams p = flash3::make_fwd_params(make_fwd({}, /*with_lse=*/false));
   EXPECT_EQ(p.lse, nullptr);
@@ -971,6 +1259,52 @@ TEST_F(ValidationDevice, HostPointerRejected) {
   } else {
     EXPECT_TRUE(IsError(s, StatusCode::kInvalidArgument, {"q.data is a host pointer", "expected device memory on device"}));
   }
+}
+
+TEST_F(ValidationDevice, VarlenArraysMustBeDeviceMemory) {
+  // Host arrays: CudaError without a GPU, InvalidArgument naming the option with one.
+  alignas(16) static int host[8];
+  for (const char* name : {"opts.cu_seqlens_q", "opts.cu_seqlens_k", "opts.seqused_q", "opts.seqused_k"}) {
+    const Status s = flash3::check_device_pointer(name, host);
+    if (s.code == StatusCode::kCudaError) {
+      // No usable driver: every runtime call (cudaGetLastError() too) reports it.
+      EXPECT_NE(s.message.find("cuda"), std::string::npos) << s.message;
+    } else {
+      EXPECT_TRUE(IsError(s, StatusCode::kInvalidArgument, {name, "is a host pointer", "expected device memory"}));
+      // With a GPU: the check leaves no error of its own pending.
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    }
+  }
+  // The device checks of a call cover the arrays (no tensors here: the arrays are checked first).
+  ForwardArgs a;
+  a.opts.cu_seqlens_q = host;
+  a.opts.cu_seqlens_k = host;
+  a.opts.seqused_k = host + 1;
+  const Status d = flash3::check_forward_device(a);
+  EXPECT_TRUE(d.code == StatusCode::kCudaError || d.code == StatusCode::kInvalidArgument) << code_name(d.code) << ": " << d.message;
+  if (d.code == StatusCode::kInvalidArgument) {
+    EXPECT_NE(d.message.find("opts.cu_seqlens_q is a host pointer"), std::string::npos) << d.message;
+  }
+  a.opts.cu_seqlens_q = a.opts.cu_seqlens_k = nullptr;
+  BackwardArgs b;
+  b.opts.seqused_q = host;
+  const Status e = flash3::check_backward_device(b);
+  EXPECT_TRUE(e.code == StatusCode::kCudaError || e.code == StatusCode::kInvalidArgument) << code_name(e.code) << ": " << e.message;
+  if (e.code == StatusCode::kInvalidArgument) {
+    EXPECT_NE(e.message.find("opts.seqused_q is a host pointer"), std::string::npos) << e.message;
+  }
+}
+
+TEST_F(ValidationDevice, VarlenHostArraysPassWhenDeviceCheckSkipped) {
+  // The skip rule covers the varlen arrays like the tensors.
+  alignas(16) static int host[8];
+  ForwardArgs a = make_varlen();
+  a.opts.cu_seqlens_q = a.opts.cu_seqlens_k = host;
+  a.opts.seqused_q = a.opts.seqused_k = host;
+  const Status unchecked = flash3::validate_forward(a);
+  EXPECT_FALSE(unchecked.ok());  // fake tensors / no GPU / not built
+  env_.set("1");
+  expect_valid_forward(a);
 }
 
 TEST_F(ValidationDevice, SkipVariableIsHonoured) {

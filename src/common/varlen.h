@@ -1,0 +1,152 @@
+// Device helpers of the varlen prep kernels (fwd/varlen_prep.h,
+// bwd/varlen_prep.h): each sequence's rows, its tensor maps and the tile maps,
+// all computed on the device from cu_seqlens / seqused, so a varlen call needs
+// no host synchronisation and stays capturable in a CUDA graph.
+//
+// Tensor maps: the host-built map of the whole tensor with its base address
+// moved to the sequence's first row and its row extent cut to the sequence's
+// length, so TMA zero-fills loads and drops stores past the sequence exactly
+// as it does past a fixed-length tensor: no tile reads a neighbour's rows or
+// writes into them.
+#pragma once
+#include <cub/block/block_scan.cuh>
+#include <cute/tensor.hpp>
+
+#include "common/seqlen.h"
+
+namespace flash3 {
+
+constexpr int kVarlenPrepThreads = 256;
+
+// One tensor of the batch: its base and its row / head strides (elements).
+struct VarlenTensor {
+  const void* base;
+  int64_t row_stride, head_stride;
+};
+
+// The batch's sequence boundaries (device arrays; seqused may be null).
+struct VarlenSeqs {
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqused_q;
+  const int* seqused_k;
+  int num_seqs, total_q, total_k;
+};
+
+// Sequence b's rows, clamped: offsets into [0, total], a decreasing pair gives
+// length 0, seqused into [0, allocated length].
+CUTLASS_DEVICE SeqlenInfo varlen_seq_info(VarlenSeqs const& a, int b) {
+  auto span = [](const int* cu, const int* used, int b, int total, int* offset, int* len) {
+    const int lo = min(max(cu[b], 0), total);
+    const int hi = min(max(cu[b + 1], lo), total);
+    *offset = lo;
+    *len = used != nullptr ? min(max(used[b], 0), hi - lo) : hi - lo;
+  };
+  SeqlenInfo s;
+  span(a.cu_seqlens_q, a.seqused_q, b, a.total_q, &s.offset_q, &s.seqlen_q);
+  span(a.cu_seqlens_k, a.seqused_k, b, a.total_k, &s.offset_k, &s.seqlen_k);
+  return s;
+}
+
+// Row `row` of tensor t.
+template <class Element>
+CUTLASS_DEVICE const Element* row_ptr(VarlenTensor const& t, int row) {
+  return static_cast<const Element*>(t.base) + int64_t(row) * t.row_stride;
+}
+
+// Writes the host-built map `tma` of t, a (rows, cols, heads, 1) tensor, into
+// `dst`, moved to `base` with `rows` rows (>= 1: tensor maps need non-empty
+// extents; an empty sequence's map is never used). The copy and the
+// tensormap.replace edits are generic-proxy writes; the caller then issues a
+// tensor-map proxy release fence and the attention kernel acquires before use.
+template <class Element, class Tma, class ShapeT>
+CUTLASS_DEVICE void write_seq_desc(cute::TmaDescriptor* dst, Tma const& tma, const Element* base, int rows,
+                                   ShapeT whole_shape, VarlenTensor const& t) {
+  const int64_t row_stride = t.row_stride, head_stride = t.head_stride;
+  using namespace cute;
+  const uint4* src = reinterpret_cast<const uint4*>(tma.get_tma_descriptor());
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < int(sizeof(TmaDescriptor) / sizeof(uint4)); ++i) out[i] = src[i];
+  auto shape = make_shape(int32_t(rows > 0 ? rows : 1), get<1>(whole_shape), get<2>(whole_shape), int32_t(1));
+  Tensor g = make_tensor(make_gmem_ptr(base), shape, make_stride(row_stride, _1{}, head_stride, row_stride));
+  cute::array<uint32_t, 5> dims = {1, 1, 1, 1, 1};
+  cute::array<uint64_t, 5> strides = {0, 0, 0, 0, 0};
+  cute::detail::fill_tma_gmem_shape_stride(tma, g, dims, strides);
+  tma_descriptor_replace_addr_in_global_mem(dst, base);
+  const uint64_t d = reinterpret_cast<uint64_t>(dst);
+  // The ordinal is an immediate operand: one instruction per dimension.
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 0, %1;" ::"l"(d), "r"(dims[0]) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;" ::"l"(d), "r"(dims[1]) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 2, %1;" ::"l"(d), "r"(dims[2]) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 3, %1;" ::"l"(d), "r"(dims[3]) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 4, %1;" ::"l"(d), "r"(dims[4]) : "memory");
+}
+
+// One thread per tensor map (idx = sequence * kNumVarlenDesc + slot): slot
+// kDescQ gets q's map, kDescK k's, kDescV v's and the fourth slot x's (out
+// in the forward, dO in the backward: rows of q's sequence). Each map is
+// released to the tensor-map proxy; the attention kernels acquire.
+template <class Element, class TmaQ, class TmaK, class TmaV, class TmaX, class Shape>
+CUTLASS_DEVICE void write_varlen_map(int64_t idx, VarlenSeqs const& seqs, cute::TmaDescriptor* desc, TmaQ const& tma_q,
+                                     Shape const& shape_q, VarlenTensor const& q, TmaK const& tma_k,
+                                     Shape const& shape_k, VarlenTensor const& k, TmaV const& tma_v,
+                                     Shape const& shape_v, VarlenTensor const& v, TmaX const& tma_x,
+                                     Shape const& shape_x, VarlenTensor const& x) {
+  if (idx >= int64_t(seqs.num_seqs) * kNumVarlenDesc) return;
+  const int b = int(idx / kNumVarlenDesc), which = int(idx % kNumVarlenDesc);
+  const SeqlenInfo si = varlen_seq_info(seqs, b);
+  cute::TmaDescriptor* dst = desc + idx;
+  switch (which) {
+    case kDescQ:
+      write_seq_desc(dst, tma_q, row_ptr<Element>(q, si.offset_q), si.seqlen_q, shape_q, q);
+      break;
+    case kDescK:
+      write_seq_desc(dst, tma_k, row_ptr<Element>(k, si.offset_k), si.seqlen_k, shape_k, k);
+      break;
+    case kDescV:
+      write_seq_desc(dst, tma_v, row_ptr<Element>(v, si.offset_k), si.seqlen_k, shape_v, v);
+      break;
+    default:
+      write_seq_desc(dst, tma_x, row_ptr<Element>(x, si.offset_q), si.seqlen_q, shape_x, x);
+      break;
+  }
+  cute::tma_descriptor_fence_release();
+}
+
+// CTA-wide (kVarlenPrepThreads threads): the tile map of one pass. Sequence
+// b gets ceil(len_b / tile) consecutive entries at the prefix sum of the
+// counts before it (written to start[b] when start is not null); entries past
+// the last tile get index -1. longest_first reverses each sequence's order.
+// Chunks of kVarlenPrepThreads sequences: each chunk's counts are scanned,
+// then each warp writes whole sequences' entries (32 lanes per sequence, so
+// one long sequence does not serialise).
+template <class LenOf>
+CUTLASS_DEVICE void build_tile_map(int num_seqs, int tile, LenOf len_of, bool longest_first, VarlenTile* tiles,
+                                   int tiles_bound, int* start) {
+  using Scan = cub::BlockScan<int, kVarlenPrepThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int chunk_start[kVarlenPrepThreads], chunk_tiles[kVarlenPrepThreads];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  constexpr int kWarps = kVarlenPrepThreads / 32;
+  int done = 0;  // tiles of the chunks before this one
+  for (int base = 0; base < num_seqs; base += kVarlenPrepThreads) {
+    const int b = base + tid;
+    const int n = b < num_seqs ? (len_of(b) + tile - 1) / tile : 0;
+    int first = 0, chunk_total = 0;
+    Scan(scan_storage).ExclusiveSum(n, first, chunk_total);
+    chunk_start[tid] = done + first;
+    chunk_tiles[tid] = n;
+    if (start != nullptr && b < num_seqs) start[b] = done + first;
+    __syncthreads();
+    for (int j = warp; j < kVarlenPrepThreads && base + j < num_seqs; j += kWarps) {
+      const int cnt = chunk_tiles[j], at = chunk_start[j];
+      for (int i = lane; i < cnt; i += 32) tiles[at + i] = VarlenTile{longest_first ? cnt - 1 - i : i, base + j};
+    }
+    done += chunk_total;
+    __syncthreads();  // chunk arrays and the scan storage are reused
+  }
+  for (int i = done + tid; i < tiles_bound; i += kVarlenPrepThreads) tiles[i] = VarlenTile{-1, -1};
+}
+
+}  // namespace flash3
