@@ -448,6 +448,43 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
   return {out, lse};
 }
 
+// The backward call shared by the fixed-length and varlen ops: gradients
+// allocated like q / k / v (zeroed when the kernels leave rows unwritten),
+// scratch from the caching allocator (stream-ordered and CUDA-graph safe; its
+// size depends on the shapes, the mask and, for varlen, num_sequences and
+// max_seqlen_*, never on values held on the device), the current stream.
+std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                                const Tensor& dout, const Tensor& lse, const Tensor& dlse,
+                                                const flash3::AttentionOptions& opts, bool zero_grads,
+                                                const char* what) {
+  auto alloc = [&](const Tensor& like) {
+    return zero_grads ? at::zeros(like.sizes(), like.options()) : at::empty(like.sizes(), like.options());
+  };
+  Tensor dq = alloc(q), dk = alloc(k), dv = alloc(v);
+  flash3::BackwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out);
+  args.dout = view(dout);
+  args.lse = view(lse);
+  args.dlse = view(dlse);
+  args.dq = view(dq);
+  args.dk = view(dk);
+  args.dv = view(dv);
+  args.opts = opts;
+  Tensor workspace;
+  const size_t ws_bytes = flash3::backward_workspace_size(args);
+  if (ws_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
+    args.workspace = workspace.data_ptr();
+    args.workspace_bytes = ws_bytes;
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::backward(args, stream), what);
+  return {dq, dk, dv};
+}
+
 std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& out, const Tensor& lse, const std::optional<Tensor>& dlse_in,
                                             std::optional<double> softmax_scale, bool causal, int64_t window_left,
@@ -478,33 +515,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor&
   const Tensor dout = kernel_layout(dout_in, false);
   const Tensor lse_k = kernel_layout(lse, true);
   const Tensor out_k = kernel_layout(out, false);
-  Tensor dq = at::empty(q.sizes(), q.options());
-  Tensor dk = at::empty(k.sizes(), k.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
-
-  flash3::BackwardArgs args;
-  args.q = view(q);
-  args.k = view(k);
-  args.v = view(v);
-  args.out = view(out_k);
-  args.dout = view(dout);
-  args.lse = view(lse_k);
-  args.dlse = view(dlse);
-  args.dq = view(dq);
-  args.dk = view(dk);
-  args.dv = view(dv);
-  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
-  // Scratch from the caching allocator (stream-ordered and CUDA-graph safe).
-  Tensor workspace;
-  const size_t ws_bytes = flash3::backward_workspace_size(args);
-  if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
-    args.workspace = workspace.data_ptr();
-    args.workspace_bytes = ws_bytes;
-  }
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  throw_if_error(flash3::backward(args, stream), "backward");
-  return {dq, dk, dv};
+  return run_backward(q, k, v, out_k, dout, lse_k, dlse,
+                      make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic),
+                      /*zero_grads=*/false, "backward");
 }
 
 // Variable-length forward.
@@ -556,36 +569,10 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
   const Tensor dout = kernel_layout(dout_in, false);
   const Tensor lse_k = kernel_layout(lse, true);
   const Tensor out_k = kernel_layout(out, false);
-  Tensor dq = at::zeros(q.sizes(), q.options());
-  Tensor dk = at::zeros(k.sizes(), k.options());
-  Tensor dv = at::zeros(v.sizes(), v.options());
-
-  flash3::BackwardArgs args;
-  args.q = view(q);
-  args.k = view(k);
-  args.v = view(v);
-  args.out = view(out_k);
-  args.dout = view(dout);
-  args.lse = view(lse_k);
-  args.dlse = view(dlse);
-  args.dq = view(dq);
-  args.dk = view(dk);
-  args.dv = view(dv);
-  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
-  set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
-  // Scratch from the caching allocator (stream-ordered and CUDA-graph safe); its size depends on
-  // the totals, head counts and dims, num_sequences, max_seqlen_* and the mask, not on the
-  // lengths held on the device.
-  Tensor workspace;
-  const size_t ws_bytes = flash3::backward_workspace_size(args);
-  if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
-    args.workspace = workspace.data_ptr();
-    args.workspace_bytes = ws_bytes;
-  }
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  throw_if_error(flash3::backward(args, stream), "varlen backward");
-  return {dq, dk, dv};
+  flash3::AttentionOptions opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  set_varlen_opts(&opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  // Rows no sequence uses get no gradient from the kernels: zeros, as in FlashAttention-3.
+  return run_backward(q, k, v, out_k, dout, lse_k, dlse, opts, /*zero_grads=*/true, "varlen backward");
 }
 
 // CPU "kernels": only reached when every tensor argument is on the CPU.
