@@ -201,8 +201,8 @@ void check_head_dim(const Tensor& q, const Tensor& v) {
   if (!(kernel_built(dt, d, dv, /*forward=*/true))) value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and v.shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built_head_dims(dt, true));
 }
 
-// All the tensor checks of the forward, in the order a user would want to hear about them.
-void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+// q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen).
+void check_qkv_device_dtype(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_cuda(q, "q");
   check_cuda(k, "k");
   check_cuda(v, "v");
@@ -211,6 +211,11 @@ void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_dtype_q(q);
   check_same_dtype(k, "k", q);
   check_same_dtype(v, "v", q);
+}
+
+// All the tensor checks of the forward, in the order a user would want to hear about them.
+void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_qkv_device_dtype(q, k, v);
   check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
   check_4d(k, "k", "(batch, seqlen_k, num_heads_kv, head_dim)");
   check_4d(v, "v", "(batch, seqlen_k, num_heads_kv, head_dim_v)");
@@ -260,14 +265,7 @@ constexpr const char* kCuSeqlensK = "num_sequences + 1 prefix sums of the key le
 void check_varlen_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                          const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
                          const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  check_cuda(q, "q");
-  check_cuda(k, "k");
-  check_cuda(v, "v");
-  check_same_device(k, "k", q, "q");
-  check_same_device(v, "v", q, "q");
-  check_dtype_q(q);
-  check_same_dtype(k, "k", q);
-  check_same_dtype(v, "v", q);
+  check_qkv_device_dtype(q, k, v);
   check_3d(q, "q", "(total_q, num_heads_q, head_dim)");
   check_3d(k, "k", "(total_k, num_heads_kv, head_dim)");
   check_3d(v, "v", "(total_k, num_heads_kv, head_dim_v)");

@@ -88,7 +88,8 @@ def _built_list(dtype, forward=True):
     return ", ".join(f"({d}, {dv})" for d, dv in pairs) or "none"
 
 
-def _check_forward_inputs(q, k, v):
+def _check_qkv_device_dtype(q, k, v):
+    """q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -106,6 +107,10 @@ def _check_forward_inputs(q, k, v):
         if t.dtype != q.dtype:
             raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
                             "to match q.dtype")
+
+
+def _check_forward_inputs(q, k, v):
+    _check_qkv_device_dtype(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 4-d "
@@ -161,23 +166,7 @@ _CU_SEQLENS_K = "num_sequences + 1 prefix sums of the key lengths"
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
     """The checks of varlen_fwd (csrc/flash3_torch.cpp, check_varlen_inputs), in the same order."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
-                             f"(move it with {name}.cuda())")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
-                             "expected all tensors on the same CUDA device")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
-                            "to match q.dtype")
+    _check_qkv_device_dtype(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 3-d "
