@@ -163,12 +163,13 @@ class Flash3Lib:
         lib.flash3_version.restype = ctypes.c_char_p
         lib.flash3_version.argtypes = []
 
-    def options(self, scale, causal=False, deterministic=False):
-        """flash3_default_options() with the softmax scale, causal and deterministic set."""
+    def options(self, scale, causal=False, deterministic=False, softcap=0.0):
+        """flash3_default_options() with the softmax scale, causal, deterministic and softcap set."""
         opts = self.lib.flash3_default_options()
         opts.softmax_scale = scale
         opts.causal = 1 if causal else 0
         opts.deterministic = 1 if deterministic else 0
+        opts.softcap = softcap
         return opts
 
     def last_error(self):
@@ -926,21 +927,23 @@ def parse_ab(spec, i):
 
 def run_interleaved(args, torch, F, passes, causals, dtype):
     builds = [(args.name, args.lib)] + [parse_ab(s, i + 1) for i, s in enumerate(args.ab or [])]
-    libs = []  # (contender name, Flash3Lib, deterministic)
+    libs = []  # (contender name, Flash3Lib, deterministic, softcap)
     for name, path in builds:
         lib = Flash3Lib(path)
-        libs.append((name, lib, False))
+        libs.append((name, lib, False, 0.0))
         if args.deterministic_too:
-            libs.append((name + "-det", lib, True))
-    names = [n for n, _, _ in libs] + ([] if args.no_cudnn else ["cuDNN"])
+            libs.append((name + "-det", lib, True, 0.0))
+        if args.softcap_too > 0:
+            libs.append((name + "-softcap", lib, False, args.softcap_too))
+    names = [n for n, *_ in libs] + ([] if args.no_cudnn else ["cuDNN"])
     if len(names) < 2:
         print("bench.py: the interleaved mode needs two contenders (--ab, or cuDNN without --no-cudnn)")
         return 1
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
           f" | dtype {args.dtype} | rounds {args.rounds} | iters {args.iters} | warmup {args.warmup_ms:g} ms"
           f" | gap {args.gap_s:g} s")
-    for name, lib, det in libs:
-        if not det:
+    for name, lib, det, cap in libs:
+        if not det and cap == 0:
             print(f"  {name}: {lib.path} (flash3 {lib.version()})")
     print("| hdim | seqlen | causal | pass | " + " | ".join(f"{n} TFLOP/s (spread)" for n in names) +
           " | " + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
@@ -951,8 +954,8 @@ def run_interleaved(args, torch, F, passes, causals, dtype):
     failed = False
     for hdim, seqlen, causal, pss, scale, flops, (q, k, v, dout) in each_row(torch, args, causals, passes, dtype):
         fns, calls = {}, []
-        for name, lib, det in libs:
-            call = Flash3Call(torch, lib, q, k, v, dout, lib.options(scale, causal, det), stream)
+        for name, lib, det, cap in libs:
+            call = Flash3Call(torch, lib, q, k, v, dout, lib.options(scale, causal, det, cap), stream)
             fn = call.fwd if pss == "fwd" else call.bwd
             if call.status != FLASH3_OK or fn() != FLASH3_OK:
                 print(f"  {name} d={hdim} s={seqlen} causal={causal} {pss}: {lib.last_error()}")
@@ -1282,6 +1285,8 @@ def parse_args(argv=None):
     g.add_argument("--steady", action="store_true", help="sustained-load comparison with cuDNN (presets above)")
     g.add_argument("--no-cudnn", action="store_true", help="leave cuDNN out")
     g.add_argument("--gap-s", type=float, default=None, help="idle seconds before each round (default 0; --steady 1)")
+    g.add_argument("--softcap-too", type=float, default=0.0, metavar="CAP",
+                   help="also time each flash3 build with softcap = CAP (contender NAME-softcap)")
     g.add_argument("--deterministic-too", action="store_true",
                    help="also time every library with opts.deterministic = 1 (contender NAME-det)")
     g = ap.add_argument_group("varlen mode")
@@ -1305,6 +1310,8 @@ def parse_args(argv=None):
     args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
     if args.varlen:
         args.mode = "varlen"
+    if args.mode == "table" and (args.softcap_too > 0 or args.deterministic_too):
+        args.mode = "interleaved"  # the extra contenders only exist there
     interleaved = args.mode == "interleaved"
     if args.varlen:  # sustained and interleaved, as --steady
         args.steady = True

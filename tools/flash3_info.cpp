@@ -17,7 +17,11 @@ int main(int argc, char** argv) {
   }
   std::printf("flash3 %s\n", flash3::version());
   std::printf("device: %s\n", ok ? "supported (sm_90)" : why.c_str());
-  const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+  const int dims[][2] = {  // every pair the manifest knows (tools/manifest.py)
+#define FLASH3_HEAD_DIM(D, DV) {D, DV},
+#include "head_dims.inc"
+#undef FLASH3_HEAD_DIM
+  };
   for (auto dt : {flash3::DType::kBFloat16, flash3::DType::kFloat16}) {
     for (auto& d : dims) {
       std::printf("  %-4s d=%3d dv=%3d  fwd: %-9s bwd: %s\n", flash3::dtype_name(dt), d[0], d[1],

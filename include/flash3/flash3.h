@@ -84,7 +84,10 @@ struct AttentionOptions {
   // Sliding window (see above); -1 (any negative value) means unbounded.
   int window_left = -1;
   int window_right = -1;
-  // tanh soft-capping of scores: s -> softcap * tanh(s / softcap); 0 disables.
+  // tanh soft-capping of the scaled scores, s -> softcap * tanh(s / softcap),
+  // before the mask and the softmax (forward and backward); 0 disables. Finite
+  // and >= 0. Runs the softcap units (CMake FLASH3_FEATURES, built by default;
+  // without them: kNotSupported naming opts.softcap).
   float softcap = 0.f;
   // Backward: bitwise reproducible dQ / dK / dV. Cost on an H200 (bf16, sustained):
   // 1-12% unmasked, 5-12% causal at 4k-16k, d = 64 / 128 (docs/performance.md).

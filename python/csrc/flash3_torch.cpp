@@ -340,6 +340,16 @@ void check_softmax_scale(std::optional<double> softmax_scale) {
                 "negative scale would turn into the row minimum");
 }
 
+// The same float32 range check for softcap (0 disables; the fake implementations
+// and the Python wrappers raise the same message).
+void check_softcap(double softcap) {
+  constexpr double kFloat32Overflow = 0x1.ffffffp127;
+  const bool fits = std::fabs(softcap) < kFloat32Overflow;  // false for NaN and inf too
+  if (!(fits && static_cast<float>(softcap) >= 0.f))
+    value_error("flash3: softcap is ", softcap, "; expected a finite number >= 0 (as float32): 0 disables the "
+                "capping, a value > 0 caps the scaled scores s -> softcap * tanh(s / softcap)");
+}
+
 // A Python int window side as the int of flash3::AttentionOptions: negative -> -1
 // (unbounded); above INT32_MAX -> INT32_MAX, which the library treats as unbounded as well
 // (any side >= seqlen - 1 cuts nothing).
@@ -428,6 +438,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
                                     int64_t window_right, double softcap, bool deterministic) {
   check_forward_inputs(q, k, v);
   check_softmax_scale(softmax_scale);
+  check_softcap(softcap);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
   Tensor out = at::empty({b, sq, hq, dv}, q.options());
@@ -489,6 +500,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor&
                                             int64_t window_right, double softcap, bool deterministic) {
   check_forward_inputs(q, k, v);
   check_softmax_scale(softmax_scale);
+  check_softcap(softcap);
   check_cuda(dout_in, "dout");
   check_cuda(out, "out");
   check_cuda(lse, "softmax_lse");
@@ -527,6 +539,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            bool deterministic) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_softmax_scale(softmax_scale);
+  check_softcap(softcap);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t total_q = q.size(0), hq = q.size(1), dv = v.size(2);
   // Rows that no sequence covers (beyond seqused, beyond cu_seqlens_q[-1]) are not written and
@@ -559,6 +572,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
     bool deterministic, const std::optional<Tensor>& dlse_in) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_softmax_scale(softmax_scale);
+  check_softcap(softcap);
   check_varlen_backward_tensors(dout_in, q, v, out, lse, dlse_in);
   const c10::cuda::CUDAGuard guard(q.device());
   Tensor dlse;

@@ -289,6 +289,22 @@ def _check_softmax_scale(softmax_scale):
                          "which a negative scale would turn into the row minimum")
 
 
+def _check_softcap(softcap):
+    """The library's check of opts.softcap (float32 value finite and >= 0; 0 disables), made in
+    Python before anything is allocated (flash_attn_func, flash_attn_varlen_func: so a double
+    beyond the float32 range never reaches the binding's cast) or traced (the fake
+    implementations, which torch.compile runs instead). Returns softcap as a Python float."""
+    s = float(softcap)
+    try:
+        f = struct.unpack("f", struct.pack("f", s))[0]  # the binding's static_cast<float>
+    except OverflowError:  # a finite double beyond the float32 range
+        f = math.inf
+    if not (f >= 0.0 and math.isfinite(f)):
+        raise ValueError(f"flash3: softcap is {s:.9g}; expected a finite number >= 0 (as float32): 0 disables "
+                         "the capping, a value > 0 caps the scaled scores s -> softcap * tanh(s / softcap)")
+    return s
+
+
 # ---------------------------------------------------------------------------
 # Fake (meta) implementations: shapes, dtypes and strides of the real outputs (all contiguous).
 # ---------------------------------------------------------------------------
@@ -297,6 +313,7 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
               deterministic=False):
     _check_forward_inputs(q, k, v)
     _check_softmax_scale(softmax_scale)
+    _check_softcap(softcap)
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
     out = q.new_empty((b, sq, hq, dv))
@@ -309,6 +326,7 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, ca
               window_right=-1, softcap=0.0, deterministic=False):
     _check_forward_inputs(q, k, v)
     _check_softmax_scale(softmax_scale)
+    _check_softcap(softcap)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -318,6 +336,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
                      deterministic=False):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_softmax_scale(softmax_scale)
+    _check_softcap(softcap)
     total_q, hq, _ = q.shape
     dv = v.shape[2]
     out = q.new_empty((total_q, hq, dv))
@@ -332,6 +351,7 @@ def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_softmax_scale(softmax_scale)
     _check_varlen_backward_tensors(dout, q, v, out, softmax_lse, dlse)
+    _check_softcap(softcap)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -411,8 +431,17 @@ def flash_attn_func(
             side is kept: causal with a finite left side is local (sliding-window causal)
             attention. A query that sees no key gives out = 0 and softmax_lse = -inf.
         attention_chunk: must be 0 (not implemented).
-        softcap: tanh soft-capping of the scores (s -> softcap * tanh(s / softcap)); 0 disables.
-            Not implemented yet by the kernels: a value > 0 raises NotImplementedError.
+        softcap: tanh soft-capping of the attention scores, as in FlashAttention-3 (the logit
+            soft-capping of e.g. Gemma 2); 0 (the default) disables it. With softcap > 0 each
+            scaled score s = softmax_scale * q . k becomes softcap * tanh(s / softcap), i.e. it
+            is squashed into (-softcap, softcap), before the mask and the softmax; softmax_lse is
+            the logsumexp of the capped scores. Forward and backward (the gradients go through
+            the tanh), with every mask, GQA/MQA and deterministic, for every built dtype and
+            head dim.
+            softmax_scale=0 makes every capped score 0 (uniform weights). Negative, infinite or
+            NaN values (after rounding to float32) raise ValueError. A build configured without
+            the softcap kernels (CMake FLASH3_FEATURES without "softcap") raises
+            NotImplementedError for softcap > 0.
         num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored
             (flash3 does not split the key sequence, packs nothing and uses every SM).
         deterministic: make the backward pass bitwise reproducible.
@@ -423,18 +452,23 @@ def flash_attn_func(
     Returns:
         out: (batch, seqlen_q, num_heads_q, head_dim_v), dtype of q; or, when return_attn_probs or
         return_lse is set, (out, softmax_lse) with softmax_lse (batch, num_heads_q, seqlen_q)
-        torch.float32, the natural-log logsumexp of each row of the scaled scores. Both are
-        differentiable: gradients flow to q, k, v from out and from softmax_lse.
+        torch.float32, the natural-log logsumexp of each row of the scaled (and, with softcap,
+        capped) scores. Both are differentiable: gradients flow to q, k, v from out and from
+        softmax_lse.
 
     Raises (before anything is launched):
         ValueError: a CPU tensor, mismatched devices or shapes, a last dimension that is not
-            contiguous, an unsupported head dim, a negative / infinite / NaN softmax_scale.
+            contiguous, an unsupported head dim, a negative / infinite / NaN softmax_scale or
+            softcap.
         TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ.
-        NotImplementedError: a feature flash3 does not have yet (softcap, qv, FP8 descales,
-            attention_chunk; a non-Hopper GPU).
+        NotImplementedError: a feature flash3 does not have yet (qv, FP8 descales,
+            attention_chunk; a non-Hopper GPU), softcap > 0 in a build without the softcap
+            kernels.
         RuntimeError: a CUDA error.
     """
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
+        softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if return_attn_probs or return_lse:
@@ -488,7 +522,8 @@ def flash_attn_varlen_func(
             length); the others are neither read nor written.
         softmax_scale, causal, window_size, softcap, deterministic: as in flash_attn_func. Masks
             are aligned to the bottom-right corner of each sequence (offset = seqlen_k_b - seqlen_q_b,
-            the used lengths when seqused is given).
+            the used lengths when seqused is given); softcap (> 0: s -> softcap * tanh(s / softcap)
+            before the mask, forward and backward) applies to every sequence.
         qv, q_descale, k_descale, v_descale: must be None (NotImplementedError otherwise).
         attention_chunk: must be 0 (NotImplementedError otherwise).
         num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored,
@@ -499,10 +534,11 @@ def flash_attn_varlen_func(
     Returns:
         out: (total_q, num_heads_q, head_dim_v), dtype of q; or (out, softmax_lse) when
         return_attn_probs or return_lse is set, with softmax_lse (num_heads_q, total_q)
-        torch.float32 (natural-log logsumexp of each row of the scaled scores). A query row that
-        sees no key (e.g. of a sequence with no keys) gets out = 0 and softmax_lse = -inf. Rows
-        that no sequence covers (beyond seqused, from cu_seqlens_q[-1] on) are not written: their
-        contents are undefined (freshly allocated memory), as in FlashAttention-3.
+        torch.float32 (natural-log logsumexp of each row of the scaled, capped when softcap > 0,
+        scores). A query row that sees no key (e.g. of a sequence with no keys) gets out = 0 and
+        softmax_lse = -inf. Rows that no sequence covers (beyond seqused, from cu_seqlens_q[-1]
+        on) are not written: their contents are undefined (freshly allocated memory), as in
+        FlashAttention-3.
 
     Backward (torch.ops.flash3.varlen_bwd): gradients flow to q, k, v from out and from
     softmax_lse, per sequence exactly as flash_attn_func's backward on that sequence. The rows of
@@ -514,17 +550,20 @@ def flash_attn_varlen_func(
     implementation's): everything flash_attn_func checks, for 3-d tensors; cu_seqlens_* and
     seqused_* are CUDA tensors on q's device, torch.int32, 1-d and contiguous; cu_seqlens_q and
     cu_seqlens_k have the same length (>= 1); seqused_* have cu_seqlens_q.numel() - 1 entries;
-    max_seqlen_* in [1, 2**31 - 1]. Not checked (the contents of cu_seqlens_* / seqused_* stay
-    on the device: no synchronisation): that cu_seqlens_* start at 0, increase and end at most
-    at total_q / total_k, that max_seqlen_* are at least the real lengths, that seqused_* are
-    at most the lengths. The kernels clamp what they read, so nothing outside the tensors is
-    ever read or written, but such inputs give meaningless results.
+    max_seqlen_* in [1, 2**31 - 1]; softmax_scale (when given) and softcap finite and >= 0. Not
+    checked (the contents of cu_seqlens_* / seqused_* stay on the device: no synchronisation):
+    that cu_seqlens_* start at 0, increase and end at most at total_q / total_k, that
+    max_seqlen_* are at least the real lengths, that seqused_* are at most the lengths. The
+    kernels clamp what they read, so nothing outside the tensors is ever read or written, but
+    such inputs give meaningless results.
 
     Raises: as flash_attn_func (ValueError / TypeError / NotImplementedError / RuntimeError);
     backward() raises NotImplementedError when this build has no backward kernel for the head dims
     (flash3.backward_is_built).
     """
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
+        softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
     out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_left, window_right, softcap, deterministic)

@@ -7,7 +7,9 @@ where a negative side is unbounded and causal sets window_right = 0. The visibil
 per element in int64 from the window values as given (no clamping, no "window >= seqlen"
 shortcut): a window of 2**31 - 1 or 2**40 is unbounded here because it cuts nothing.
 Rows that see no key give out = 0 and lse = -inf. softmax_scale None means 1/sqrt(head_dim);
-any number is used as given (0 included).
+any number is used as given (0 included). softcap > 0 (FlashAttention-3's soft-capping) maps each
+scaled score s to softcap * tanh(s / softcap) before the mask (attention_ref, lse_lowp; sdpa_ref
+has no softcap); 0 disables it.
 """
 import math
 
@@ -58,12 +60,24 @@ def sdpa_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
     return o
 
 
-def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, upcast=True):
+def _softcap(s, softcap, dtype=None):
+    """s -> softcap * tanh(s / softcap) (differentiable); computed in fp32 and, given a dtype,
+    rounded once to it (the low-precision baseline, as tests/gpu/gpu_reference.cu's kLowp mode
+    rounds the capped score). softcap 0 (or None) returns s unchanged."""
+    if not softcap:
+        return s
+    c = softcap * torch.tanh(s.float() / softcap)
+    return c if dtype is None else c.to(dtype)
+
+
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, upcast=True, softcap=0.0):
     """(out, lse) by explicit math, differentiable in both outputs, NaN-free for empty rows.
 
     upcast=True: in fp32 (the reference). upcast=False: in the inputs' dtype (the "plain
     PyTorch in bf16/fp16" baseline whose error sets the tolerance); lse is then computed in
-    fp32 from the low-precision scores.
+    fp32 from the low-precision scores. softcap > 0: the scaled scores are capped,
+    s -> softcap * tanh(s / softcap), before the mask (in fp32, rounded to the inputs' dtype
+    when upcast=False); autograd differentiates through the tanh.
     """
     dtype = q.dtype
     if upcast:
@@ -76,6 +90,7 @@ def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, up
     s = torch.einsum("bqhd,bkhd->bhqk", q * scale if not upcast else q, k)
     if upcast:
         s = s * scale
+    s = _softcap(s, softcap, None if upcast else s.dtype)
     s = s.float().masked_fill(~mask, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
@@ -100,22 +115,34 @@ def max_err(a, b):
     return (a[fa] - b[fa]).abs().max().item()
 
 
-def lse_lowp(q, k, causal=False, window=(-1, -1), softmax_scale=None):
+def lse_lowp(q, k, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0):
     """softmax_lse of a plain low-precision implementation, the baseline of the C++ GPU tests
     (tests/gpu/gpu_reference.cu, Mode::kLowPrecision): S = Q K^T accumulated in fp32, times the
-    scale, rounded once to q's dtype, masked; logsumexp in fp32."""
+    scale, rounded once to q's dtype, (softcap > 0) capped in fp32 and rounded to q's dtype
+    again, masked; logsumexp in fp32."""
     dtype = q.dtype
     k, _ = _expand_kv(q, k, k)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     mask = allowed_mask(q.shape[1], k.shape[1], causal, window, q.device)
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
-    s = s.to(dtype).float().masked_fill(~mask, float("-inf"))
+    s = _softcap(s.to(dtype), softcap, dtype)
+    s = s.float().masked_fill(~mask, float("-inf"))
     return torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
 
 
-def check_close(ours, ref, lowp, eps):
+# FlashAttention-3's tolerance factor for softcap (flash3::ref::kSoftcapTolFactor): the kernels'
+# hardware tanh approximation against a baseline whose saturated scores round to exactly +-1.
+SOFTCAP_TOL_FACTOR = 3.0
+
+
+def tol_factor(softcap):
+    return SOFTCAP_TOL_FACTOR if softcap > 0 else 2.0
+
+
+def check_close(ours, ref, lowp, eps, factor=2.0):
     """The C++ tests' tolerance rule (flash3::ref::check_close, src/reference/reference.cpp):
-    max|ours - ref| <= 2 * max|lowp - ref| + eps, and no NaN in ours. Where ref is inf (or NaN)
+    max|ours - ref| <= factor * max|lowp - ref| + eps (factor 2; tol_factor(softcap) with
+    softcap), and no NaN in ours. Where ref is inf (or NaN)
     an entry's error is 0 when it equals ref and inf otherwise; a NaN baseline entry is ignored.
     Returns (ok, err, base_err, bound, nan_count)."""
     y, x, lw = ours.double(), ref.double(), lowp.double()
@@ -129,7 +156,7 @@ def check_close(ours, ref, lowp, eps):
     err = e.max().item() if e.numel() else 0.0
     base_err = eb.max().item() if eb.numel() else 0.0
     nan_count = int(y_nan.sum().item())
-    bound = 2.0 * base_err + eps
+    bound = factor * base_err + eps
     return nan_count == 0 and err <= bound, err, base_err, bound, nan_count
 
 

@@ -62,7 +62,12 @@ CASES = {
     "softmax_scale_nan": (lambda: list(good()), {"softmax_scale": float("nan")}, ValueError, ["softmax_scale"]),
     "softmax_scale_inf": (lambda: list(good()), {"softmax_scale": float("inf")}, ValueError, ["softmax_scale"]),
     "softmax_scale_float32_overflow": (lambda: list(good()), {"softmax_scale": 1e39}, ValueError, ["softmax_scale"]),
-    "softcap_not_implemented": (lambda: list(good()), {"softcap": 30.0}, NotImplementedError, ["softcap"]),
+    # softcap: 0 disables, > 0 caps (test_flash_attn.py); negative / NaN / inf (as float32) are errors
+    "softcap_negative": (lambda: list(good()), {"softcap": -1.0}, ValueError, ["softcap", "-1"]),
+    "softcap_negative_tiny": (lambda: list(good()), {"softcap": -1e-30}, ValueError, ["softcap"]),
+    "softcap_nan": (lambda: list(good()), {"softcap": float("nan")}, ValueError, ["softcap", "nan"]),
+    "softcap_inf": (lambda: list(good()), {"softcap": float("inf")}, ValueError, ["softcap", "inf"]),
+    "softcap_float32_overflow": (lambda: list(good()), {"softcap": 1e39}, ValueError, ["softcap"]),
     "qv_not_implemented": (lambda: list(good()), lambda: {"qv": torch.zeros(1, device=DEV)}, NotImplementedError, ["qv"]),
     "descale_not_implemented": (lambda: list(good()), lambda: {"q_descale": torch.ones(1, device=DEV)}, NotImplementedError,
                                 ["descale"]),
@@ -84,7 +89,7 @@ def test_bad_argument_raises(case):
 
 
 @pytest.mark.parametrize("case", ["fp32", "hdim_80", "gqa_not_divisible", "q_head_dim_not_contiguous",
-                                  "softmax_scale_negative"])
+                                  "softmax_scale_negative", "softcap_negative", "softcap_nan"])
 def test_bad_argument_raises_same_type_under_compile(case):
     """Traced (fake) calls fail like eager ones (torch.compile wraps the error; its cause is ours)."""
     make, kwargs, exc, words = CASES[case]
@@ -134,6 +139,45 @@ def test_backward_op_rejects_bad_scale_before_any_work(scale):
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not kernels, f"kernels launched by an invalid call: {kernels}"
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf")], ids=["negative", "nan", "inf"])
+def test_ops_reject_bad_softcap(softcap):
+    """The operators called directly (no flash_attn_func check in front), fwd and bwd: a bad
+    softcap is the library's InvalidArgument, a ValueError naming softcap, before any kernel is
+    queued."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = good()
+    out, lse = torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, 0.0, False)
+    dout = torch.randn_like(out)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with pytest.raises(ValueError, match="softcap"):
+            torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, softcap, False)
+        if flash3.backward_is_built(BF16, 128, 128):
+            with pytest.raises(ValueError, match="softcap"):
+                torch.ops.flash3.bwd(dout, q, k, v, out, lse, None, None, False, -1, -1, softcap, False)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not kernels, f"kernels launched by an invalid call: {kernels}"
+
+
+def test_softcap_is_accepted():
+    """softcap > 0 is no longer NotImplementedError: it runs (where this build has the softcap
+    kernels, CMake FLASH3_FEATURES) or names FLASH3_FEATURES; 0 (and -0.0) disable it."""
+    q, k, v = good()
+    want = flash_attn_func(q, k, v)
+    for off in (0.0, -0.0, 0):
+        assert torch.equal(flash_attn_func(q, k, v, softcap=off), want)
+    try:
+        out = flash_attn_func(q, k, v, softcap=30.0)
+    except NotImplementedError as e:
+        assert "opts.softcap" in str(e) and "FLASH3_FEATURES" in str(e), str(e)
+        return
+    assert out.shape == want.shape and not torch.isnan(out).any()
+    out_int = flash_attn_func(q, k, v, softcap=30)  # an int is a number too
+    assert torch.equal(out_int, out)
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +277,8 @@ VARLEN_CASES = {
     # scale and not-implemented features, as flash_attn_func
     "softmax_scale_negative": (_vwith(softmax_scale=-0.5), ValueError, ["softmax_scale", "-0.5"]),
     "softmax_scale_nan": (_vwith(softmax_scale=float("nan")), ValueError, ["softmax_scale"]),
-    "softcap_not_implemented": (_vwith(softcap=30.0), NotImplementedError, ["softcap"]),
+    "softcap_negative": (_vwith(softcap=-0.5), ValueError, ["softcap", "-0.5"]),
+    "softcap_inf": (_vwith(softcap=float("inf")), ValueError, ["softcap", "inf"]),
     "qv_not_implemented": (_vwith(qv=lambda a: torch.zeros(1, device=DEV)), NotImplementedError, ["qv"]),
     "descale_not_implemented": (_vwith(k_descale=lambda a: torch.ones(1, device=DEV)), NotImplementedError,
                                 ["descale"]),
@@ -257,7 +302,7 @@ def test_varlen_bad_argument_raises(case):
 
 
 @pytest.mark.parametrize("case", ["cu_seqlens_q_int64", "cu_seqlens_q_on_cpu", "cu_seqlens_length_mismatch",
-                                  "seqused_q_too_long", "q_4d", "max_seqlen_q_zero", "hdim_80"])
+                                  "seqused_q_too_long", "q_4d", "max_seqlen_q_zero", "hdim_80", "softcap_negative"])
 def test_varlen_bad_argument_raises_same_type_under_compile(case):
     """The fake implementation of varlen_fwd raises what the eager checks raise."""
     make, exc, words = VARLEN_CASES[case]

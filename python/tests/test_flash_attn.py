@@ -11,9 +11,19 @@ Mask and scale cases follow FlashAttention-3's rules (window sides drawn uniform
 [0, seqlen_k) as in FlashAttention's own tests, windows beyond the sequence and beyond int32,
 causal with a window, softmax_scale None / 0 / other numbers).
 
+softcap (FlashAttention-3's tanh soft-capping, s -> softcap * tanh(s / softcap) after the scale,
+before the mask): out, softmax_lse, dq, dk, dv against ref.attention_ref(softcap=...) with the
+same rules at FlashAttention-3's softcap factor 3 instead of 2 (ref.tol_factor: the kernels'
+hardware tanh approximation; the low-precision baseline rounds the capped scores to the dtype,
+as the C++ GPU reference does), softcap 5 and 30 over dtypes, head dims, masks and MHA / GQA, softcap 1
+(saturated scores), explicit softmax_scale (0 included), local windows, deterministic backward,
+torch.compile and opcheck. They skip where the build lacks the softcap kernels (CMake
+FLASH3_FEATURES without "softcap").
+
 Gradient tests skip (with the reason) while this build has no backward kernel for the case.
 """
 import random
+import zlib
 
 import pytest
 
@@ -23,7 +33,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_func  # noqa: E402
-from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, sdpa_ref  # noqa: E402
+from builds import softcap_built  # noqa: E402
+from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, sdpa_ref, tol_factor  # noqa: E402
 
 DEVICE = "cuda"
 EPS_LSE = 1e-5  # kEpsLse of tests/gpu/test_fwd_gpu.cpp
@@ -60,19 +71,20 @@ def _assert_close_fa(name, ours, ref, base, dtype, rtol=2.0):
         f"{name}: max|flash3 - ref| = {e_ours:.3e} > {rtol} * max|torch {dtype} - ref| ({e_base:.3e}) + {atol:.1e}")
 
 
-def _assert_lse_close(lse, q, k, v, causal=False, window=(-1, -1), softmax_scale=None, what=""):
+def _assert_lse_close(lse, q, k, v, causal=False, window=(-1, -1), softmax_scale=None, what="", softcap=0.0):
     """The C++ rule: max|lse - ref| <= 2 * max|lse_lowp - ref| + EPS_LSE, no NaN."""
     q, k, v = q.detach(), k.detach(), v.detach()
-    _, lse_ref = attention_ref(q, k, v, causal, window, softmax_scale, upcast=True)
-    lse_low = lse_lowp(q, k, causal, window, softmax_scale)
-    ok, err, base, bound, nans = check_close(lse, lse_ref, lse_low, EPS_LSE)
-    assert ok, (f"lse{what}: max|flash3 - ref| = {err:.3e} > 2 * max|lowp - ref| ({base:.3e}) + {EPS_LSE:.0e} "
+    _, lse_ref = attention_ref(q, k, v, causal, window, softmax_scale, upcast=True, softcap=softcap)
+    lse_low = lse_lowp(q, k, causal, window, softmax_scale, softcap=softcap)
+    ok, err, base, bound, nans = check_close(lse, lse_ref, lse_low, EPS_LSE, tol_factor(softcap))
+    assert ok, (f"lse{what}: max|flash3 - ref| = {err:.3e} > {tol_factor(softcap)} * max|lowp - ref| ({base:.3e}) + {EPS_LSE:.0e} "
                 f"= {bound:.3e}; NaN entries: {nans}")
 
 
-def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, what=""):
+def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, what="", softcap=0.0,
+                   deterministic=False):
     """flash3 vs ref.attention_ref (explicit fp32 math, int64 mask): out and lse, then dq, dk, dv
-    of a loss using both out and lse. q, k, v require grad."""
+    of a loss using both out and lse. q, k, v require grad. Returns flash3's (out, lse, grads)."""
     dtype = q.dtype
     sq, hq, dv = q.shape[1], q.shape[2], v.shape[3]
     g = torch.Generator(device=DEVICE).manual_seed(q.shape[1] * 7 + k.shape[1])
@@ -91,14 +103,18 @@ def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, w
         return out.detach(), lse.detach(), tuple(t.grad.clone() for t in (q, k, v))
 
     out, lse, grads = run(lambda: flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                                  window_size=window, return_lse=True))
-    out_r, _, grads_r = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=True))
-    out_b, _, grads_b = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=False))
-    _assert_close_fa(f"out{what}", out, out_r, out_b, dtype)
-    _assert_lse_close(lse, q, k, v, causal, window, softmax_scale, what)
+                                                  window_size=window, softcap=softcap, deterministic=deterministic,
+                                                  return_lse=True))
+    out_r, _, grads_r = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=True,
+                                                  softcap=softcap))
+    out_b, _, grads_b = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=False,
+                                                  softcap=softcap))
+    _assert_close_fa(f"out{what}", out, out_r, out_b, dtype, tol_factor(softcap))
+    _assert_lse_close(lse, q, k, v, causal, window, softmax_scale, what, softcap=softcap)
     if backward:
         for name, o, r, b in zip(("dq", "dk", "dv"), grads, grads_r, grads_b):
-            _assert_close_fa(f"{name}{what}", o, r, b, dtype)
+            _assert_close_fa(f"{name}{what}", o, r, b, dtype, tol_factor(softcap))
+    return out, lse, grads
 
 
 # ---------------------------------------------------------------------------
@@ -483,6 +499,159 @@ def test_opcheck():
 
 
 # ---------------------------------------------------------------------------
+# softcap: s -> softcap * tanh(s / softcap) after the scale, before the mask; forward and
+# backward (dS through the tanh), against ref.attention_ref(softcap=...).
+# ---------------------------------------------------------------------------
+def _skip_unless_softcap_built(dtype, d, dv, backward=False):
+    _skip_unless_built(dtype, d, dv, backward)
+    if not softcap_built(dtype, d, dv, backward):
+        pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
+                    "(FLASH3_FEATURES without softcap)")
+
+
+def _softcap_cases():
+    """dtype x head dim x softcap {5, 30} x mask {none, causal}; MHA / GQA alternate with the head
+    dim and the mask (each dtype, softcap and mask meets both, and so does each head dim); the
+    sequence lengths drawn per case from SEQLENS (a hash of the case)."""
+    cases = []
+    for dname in ("bf16", "fp16"):
+        for hi, (d, dv) in enumerate(HDIMS):
+            for softcap in (5.0, 30.0):
+                for mi, mask in enumerate(("none", "causal")):
+                    heads = list(HEADS)[(hi + mi) % 2]
+                    key = f"softcap-{dname}-d{d}x{dv}-{softcap}-{mask}-{heads}"
+                    seed = zlib.crc32(key.encode())
+                    sq, sk = SEQLENS[seed % len(SEQLENS)]
+                    cases.append((dname, d, dv, softcap, mask, heads, sq, sk, seed))
+    return cases
+
+
+SOFTCAP_CASES = _softcap_cases()
+
+
+def _softcap_case_id(c):
+    dname, d, dv, softcap, mask, heads, sq, sk, _ = c
+    return f"{dname}-d{d}x{dv}-cap{softcap:g}-{mask}-{heads}-sq{sq}_sk{sk}"
+
+
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=[_softcap_case_id(c) for c in SOFTCAP_CASES])
+def test_softcap(case):
+    """out, softmax_lse and (where the backward softcap kernel is built) dq, dk, dv of a loss using
+    out and softmax_lse, against the fp32 reference with the capped scores."""
+    dname, d, dv, softcap, mask, heads, sq, sk, seed = case
+    dtype = torch.float16 if dname == "fp16" else torch.bfloat16
+    causal, window = MASKS[mask]
+    hq, hk = HEADS[heads]
+    _skip_unless_softcap_built(dtype, d, dv)
+    backward = flash3.backward_is_built(dtype, d, dv) and softcap_built(dtype, d, dv, backward=True)
+    q, k, v = _inputs(2, sq, sk, hq, hk, d, dv, dtype, requires_grad=True, seed=seed % 1000)
+    # scores of a few units at 1/sqrt(d) (N(0, 1) inputs): scaled up so that softcap 5 bends many
+    # of them and softcap 30 some
+    scale = 4.0 / d ** 0.5
+    out, lse, _ = _check_fwd_bwd(q, k, v, causal, window, scale, backward=backward, softcap=softcap,
+                                 what=f" (softcap={softcap}, causal={causal})")
+    assert out.shape == (2, sq, hq, dv) and out.dtype == dtype
+    assert lse.shape == (2, hq, sq) and lse.dtype == torch.float32
+    # the capped scores are in (-softcap, softcap): lse <= log(visible keys) + softcap
+    bound = torch.log(torch.tensor(float(sk))).item() + softcap * (1 + 1e-3) + 1e-3
+    assert bool((lse[torch.isfinite(lse)] <= bound).all()), f"lse above log(seqlen_k) + softcap = {bound}"
+
+
+@pytest.mark.parametrize("scale", [None, 0.0, 2.0], ids=["scaleNone", "scale0", "scale2"])
+@pytest.mark.parametrize("softcap", [1.0, 5.0, 30.0], ids=["cap1", "cap5", "cap30"])
+def test_softcap_scale_and_window(softcap, scale):
+    """softcap with the default and explicit softmax_scale (0: every capped score 0, uniform
+    weights; 2: softcap 1 and 5 saturate most scores) and a local window (causal with a left
+    side), forward and backward."""
+    dtype = torch.bfloat16
+    _skip_unless_softcap_built(dtype, 128, 128)
+    backward = flash3.backward_is_built(dtype, 128, 128) and softcap_built(dtype, 128, 128, backward=True)
+    q, k, v = _inputs(2, 333, 517, 8, 2, 128, 128, dtype, requires_grad=True, seed=29)
+    for causal, window in ((False, (-1, -1)), (True, (96, -1)), (False, (200, 7))):
+        _check_fwd_bwd(q, k, v, causal, window, scale, backward=backward, softcap=softcap,
+                       what=f" (softcap={softcap}, scale={scale}, causal={causal}, window={window})")
+
+
+def test_softcap_scale_zero_is_uniform_attention():
+    """softcap with softmax_scale=0: every capped score is 0, so out is the mean of v over the
+    visible keys and lse = log(count), as without softcap (bitwise the same forward is not
+    required: another kernel)."""
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(1, 300, 200, 2, 2, 128, 128, torch.bfloat16, seed=31)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=0.0, softcap=5.0, window_size=(50, 20), return_lse=True)
+    want_out, want_lse = flash_attn_func(q, k, v, softmax_scale=0.0, window_size=(50, 20), return_lse=True)
+    torch.testing.assert_close(out, want_out, atol=1e-2, rtol=1e-2)
+    ok, err, _, _, _ = check_close(lse, want_lse, want_lse, EPS_LSE)
+    assert ok, f"lse err {err:.3e} vs softcap-free softmax_scale=0"
+
+
+def test_softcap_zero_is_no_softcap():
+    """softcap=0.0 (the default) disables the capping: bitwise the plain kernel's results; a
+    softcap far above every score gives (nearly) the plain results too."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 257, 300, 4, 2, 128, 128, torch.bfloat16, seed=37)
+    want_out, want_lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    out, lse = flash_attn_func(q, k, v, causal=True, softcap=0.0, return_lse=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    if softcap_built(torch.bfloat16, 128, 128):
+        out, lse = flash_attn_func(q, k, v, causal=True, softcap=1e4, return_lse=True)
+        torch.testing.assert_close(out, want_out, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("heads", list(HEADS), ids=list(HEADS))
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+def test_softcap_deterministic_backward_is_bitwise_reproducible(causal, heads):
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128, backward=True)
+    hq, hk = HEADS[heads]
+    q, k, v = _inputs(2, 1000, 1000, hq, hk, 128, 128, torch.bfloat16, requires_grad=True, seed=41)
+    g = torch.randn(2, 1000, hq, 128, device=DEVICE, dtype=torch.bfloat16)
+    runs = []
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=causal, softcap=30.0, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), g))
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), f"{name} differs between two deterministic softcap backward passes"
+    # and it is the right gradient
+    _check_fwd_bwd(q, k, v, causal, (-1, -1), backward=True, softcap=30.0, deterministic=True,
+                   what=" (softcap 30, deterministic)")
+
+
+def test_softcap_compile_and_opcheck():
+    """softcap through torch.compile(fullgraph=True) (forward and backward) computes what eager
+    does; torch.library.opcheck of fwd with softcap (fake implementation, autograd, AOT dispatch)."""
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128)
+    bwd = flash3.backward_is_built(torch.bfloat16, 128, 128) and softcap_built(torch.bfloat16, 128, 128, True)
+    q, k, v = _inputs(2, 256, 320, 4, 2, 128, 128, torch.bfloat16, requires_grad=bwd, seed=43)
+    g = torch.randn(2, 256, 4, 128, device=DEVICE, dtype=torch.bfloat16)
+
+    def f(q, k, v):
+        a, la = flash_attn_func(q, k, v, softcap=30.0, causal=True, deterministic=True, return_lse=True)
+        b = flash_attn_func(q, k, v, softcap=5.0, softmax_scale=0.3, window_size=(64, 5), deterministic=True)
+        return a, la, b
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    results = []
+    for fn in (f, compiled):
+        a, la, b = fn(q, k, v)
+        grads = torch.autograd.grad((a.float() * g).sum() + la.sum() + (b.float() * g).sum(), (q, k, v)) if bwd else ()
+        results.append((a.detach(), la.detach(), b.detach(), *grads))
+    for name, x, y in zip(("out", "lse", "out2", "dq", "dk", "dv"), results[1], results[0]):
+        if name == "lse" or name.startswith("out"):
+            assert torch.equal(x, y), f"{name}: compiled differs from eager"
+        else:  # the compiled graph may sum the loss's terms into dout / dlse in another order
+            torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)
+    tests = ("test_schema", "test_faketensor")
+    if bwd:
+        tests += ("test_autograd_registration", "test_aot_dispatch_dynamic")
+    arg_lists = [(None, True, -1, -1, 30.0), (0.3, False, 64, 5, 5.0), (0.0, False, -1, -1, 1.0)]
+    for scale, causal, wl, wr, softcap in arg_lists:
+        torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, scale, causal, wl, wr, softcap, True),
+                              test_utils=tests)
+
+
+# ---------------------------------------------------------------------------
 # torch.compile and CUDA graphs.
 # ---------------------------------------------------------------------------
 class TinyAttention(torch.nn.Module):
@@ -625,3 +794,29 @@ def test_math_sanity_of_reference():
     mean_v = torch.einsum("qk,bkhd->bqhd", mask.float(), vv) / mask.sum(dim=1).float().view(1, -1, 1, 1)
     torch.testing.assert_close(out, mean_v, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, mask.sum(dim=1).float().log().expand_as(lse), atol=1e-5, rtol=1e-5)
+    # softcap: with softmax_scale=0 still uniform; far above every score, no capping; the capped
+    # scores stay in (-softcap, softcap), so lse <= log(count) + softcap; the gradient through the
+    # tanh matches finite differences (float64)
+    out_c, lse_c = attention_ref(q, k, v, False, (5, 17), softmax_scale=0.0, softcap=5.0)
+    torch.testing.assert_close(out_c, out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(lse_c, lse, atol=1e-6, rtol=1e-6)
+    for causal, window in windows[:3]:
+        a, la = attention_ref(q, k, v, causal, window, softmax_scale=0.3, softcap=1e6)
+        b, lb = attention_ref(q, k, v, causal, window, softmax_scale=0.3)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+        _, lc = attention_ref(q, k, v, causal, window, softmax_scale=3.0, softcap=2.0)
+        count = allowed_mask(113, 1023, causal, window, DEVICE).sum(dim=1).float()
+        assert bool((lc <= count.log() + 2.0 + 1e-4).all())
+    qd, kd, vd = (torch.randn(1, 5, 2, 8, dtype=torch.float64, device=DEVICE, requires_grad=True) for _ in range(3))
+
+    def capped(q, k, v):  # attention_ref's math in float64 (attention_ref itself upcasts to fp32)
+        s = 2.0 * torch.tanh(torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.7 / 2.0)
+        s = s.masked_fill(~allowed_mask(5, 5, True, device=DEVICE), float("-inf"))
+        return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v), torch.logsumexp(s, dim=-1)
+
+    assert torch.autograd.gradcheck(lambda a, b, c: capped(a, b, c)[0], (qd, kd, vd))
+    out64, lse64 = capped(qd, kd, vd)
+    out32, lse32 = attention_ref(qd, kd, vd, True, softmax_scale=0.7, softcap=2.0)
+    torch.testing.assert_close(out32.double(), out64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse32.double(), lse64, atol=1e-5, rtol=1e-5)

@@ -26,6 +26,12 @@ Over head dims 64, 128, 256, no mask / causal / window, MHA / GQA / MQA, both dt
 about half the cases, every special length (0 and 1 included); deterministic=True bitwise
 reproducible.
 
+softcap (s -> softcap * tanh(s / softcap) after the scale, before the mask): forward and backward
+with softcap 5 and 30 over dtypes, head dims, every mask and MHA / GQA / MQA, against the same
+reference with the capped scores and the same rules; the special-length batch; deterministic
+backward; torch.compile and opcheck with softcap. They skip where the build lacks the softcap
+kernels (CMake FLASH3_FEATURES without "softcap").
+
 Also: CUDA graph capture and replay with new cu_seqlens / seqused values (forward, and forward +
 backward), torch.compile (fullgraph=True, forward and forward + backward), torch.library.opcheck.
 """
@@ -40,7 +46,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_varlen_func  # noqa: E402
-from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol  # noqa: E402
+from builds import softcap_built  # noqa: E402
+from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, tol_factor  # noqa: E402
 
 DEVICE = "cuda"
 EPS_LSE = 1e-5  # kEpsLse of tests/gpu/test_fwd_gpu.cpp
@@ -216,7 +223,7 @@ def _assert_close_fa(name, ours, ref, base, dtype, rtol=2.0):
         f"{name}: max|flash3 - ref| = {e_ours:.3e} > {rtol} * max|torch {dtype} - ref| ({e_base:.3e}) + {atol:.1e}")
 
 
-def _check_against_reference(out, lse, batch, causal, window, softmax_scale=None, what=""):
+def _check_against_reference(out, lse, batch, causal, window, softmax_scale=None, what="", softcap=0.0):
     """Per sequence: out and softmax_lse of its real rows against ref.attention_ref on the slices."""
     assert out.shape == (batch.total_q, batch.hq, batch.dv) and out.dtype == batch.dtype
     assert lse.shape == (batch.hq, batch.total_q) and lse.dtype == torch.float32
@@ -234,21 +241,21 @@ def _check_against_reference(out, lse, batch, causal, window, softmax_scale=None
         q = batch.q[r0:r1].unsqueeze(0)
         k = batch.k[batch.off_k[b]:batch.off_k[b] + sk].unsqueeze(0)
         v = batch.v[batch.off_k[b]:batch.off_k[b] + sk].unsqueeze(0)
-        out_ref, lse_ref = attention_ref(q, k, v, causal, window, softmax_scale, upcast=True)
-        out_base, _ = attention_ref(q, k, v, causal, window, softmax_scale, upcast=False)
-        _assert_close_fa(f"out{tag}", o.unsqueeze(0), out_ref, out_base, batch.dtype)
-        lse_low = lse_lowp(q, k, causal, window, softmax_scale)
-        ok, err, base, bound, nans = check_close(l.unsqueeze(0), lse_ref, lse_low, EPS_LSE)
-        assert ok, (f"softmax_lse{tag}: max|flash3 - ref| = {err:.3e} > 2 * max|lowp - ref| ({base:.3e}) + "
+        out_ref, lse_ref = attention_ref(q, k, v, causal, window, softmax_scale, upcast=True, softcap=softcap)
+        out_base, _ = attention_ref(q, k, v, causal, window, softmax_scale, upcast=False, softcap=softcap)
+        _assert_close_fa(f"out{tag}", o.unsqueeze(0), out_ref, out_base, batch.dtype, tol_factor(softcap))
+        lse_low = lse_lowp(q, k, causal, window, softmax_scale, softcap=softcap)
+        ok, err, base, bound, nans = check_close(l.unsqueeze(0), lse_ref, lse_low, EPS_LSE, tol_factor(softcap))
+        assert ok, (f"softmax_lse{tag}: max|flash3 - ref| = {err:.3e} > {tol_factor(softcap)} * max|lowp - ref| ({base:.3e}) + "
                     f"{EPS_LSE:.0e} = {bound:.3e}; NaN entries: {nans}")
 
 
-def _run_and_check(batch, causal, window, softmax_scale=None, what=""):
+def _run_and_check(batch, causal, window, softmax_scale=None, what="", softcap=0.0):
     out, lse, poisoned = _call_on_poisoned_memory(
-        lambda: batch.call(softmax_scale=softmax_scale, causal=causal, window_size=window), batch)
+        lambda: batch.call(softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap), batch)
     if poisoned:
         _assert_untouched(out, lse, batch)
-    _check_against_reference(out, lse, batch, causal, window, softmax_scale, what)
+    _check_against_reference(out, lse, batch, causal, window, softmax_scale, what, softcap=softcap)
     return out, lse
 
 
@@ -431,7 +438,7 @@ def _grads(batch, g_out, g_lse, **kwargs):
     return out.detach(), lse.detach(), dq, dk, dv
 
 
-def _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast):
+def _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast, softcap=0.0):
     """dq, dk, dv of the same loss through ref.attention_ref on each sequence's slices (upcast: the
     fp32 reference; otherwise plain PyTorch in the inputs' dtype), as full fp32 tensors with 0 in
     the rows that are not real tokens. A sequence without queries or without keys has gradient 0."""
@@ -445,7 +452,7 @@ def _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast)
         q = batch.q.detach()[rq].unsqueeze(0).requires_grad_()
         k = batch.k.detach()[rk].unsqueeze(0).requires_grad_()
         v = batch.v.detach()[rk].unsqueeze(0).requires_grad_()
-        o, l = attention_ref(q, k, v, causal, window, softmax_scale, upcast=upcast)
+        o, l = attention_ref(q, k, v, causal, window, softmax_scale, upcast=upcast, softcap=softcap)
         loss = (o.float() * g_out[rq].unsqueeze(0)).sum()
         loss = loss + (torch.where(torch.isfinite(l), l, 0.0) * g_lse[:, rq].unsqueeze(0)).sum()
         grads = torch.autograd.grad(loss, (q, k, v), allow_unused=True)
@@ -455,7 +462,7 @@ def _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast)
     return full
 
 
-def _check_grads(grads, batch, causal, window, g_out, g_lse, softmax_scale=None, what=""):
+def _check_grads(grads, batch, causal, window, g_out, g_lse, softmax_scale=None, what="", softcap=0.0):
     dq, dk, dv = grads
     for name, g, t in (("dq", dq, batch.q), ("dk", dk, batch.k), ("dv", dv, batch.v)):
         assert g.shape == t.shape and g.dtype == t.dtype, f"{name}{what}: {g.shape} {g.dtype}"
@@ -472,17 +479,17 @@ def _check_grads(grads, batch, causal, window, g_out, g_lse, softmax_scale=None,
             for name, g in (("dk", dk), ("dv", dv)):
                 assert torch.count_nonzero(g[batch.off_k[b]:batch.off_k[b] + sk]) == 0, (
                     f"{name}{what}: sequence {b} has no queries, expected 0")
-    ref = _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast=True)
-    base = _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast=False)
+    ref = _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast=True, softcap=softcap)
+    base = _reference_grads(batch, causal, window, softmax_scale, g_out, g_lse, upcast=False, softcap=softcap)
     for name, o, r, bb in zip(("dq", "dk", "dv"), grads, ref, base):
-        _assert_close_fa(f"{name}{what}", o, r, bb, batch.dtype)
+        _assert_close_fa(f"{name}{what}", o, r, bb, batch.dtype, tol_factor(softcap))
 
 
-def _run_and_check_backward(batch, causal, window, softmax_scale=None, seed=0, what="", **kwargs):
+def _run_and_check_backward(batch, causal, window, softmax_scale=None, seed=0, what="", softcap=0.0, **kwargs):
     g_out, g_lse = _cotangents(batch, seed)
     out, lse, *grads = _grads(batch, g_out, g_lse, softmax_scale=softmax_scale, causal=causal, window_size=window,
-                              **kwargs)
-    _check_grads(grads, batch, causal, window, g_out, g_lse, softmax_scale, what)
+                              softcap=softcap, **kwargs)
+    _check_grads(grads, batch, causal, window, g_out, g_lse, softmax_scale, what, softcap=softcap)
     return grads
 
 
@@ -589,6 +596,160 @@ def test_backward_autograd_conventions():
     with torch.no_grad():
         out = run(q, k, v)
     assert out.grad_fn is None and not out.requires_grad
+
+
+# ---------------------------------------------------------------------------
+# softcap: s -> softcap * tanh(s / softcap) after the scale, before the mask, per sequence;
+# forward and backward against ref.attention_ref(softcap=...).
+# ---------------------------------------------------------------------------
+def _skip_unless_softcap_built(dtype, d, dv, backward=False):
+    _skip_unless_built(dtype, d, dv, backward)
+    if not softcap_built(dtype, d, dv, backward):
+        pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
+                    "(FLASH3_FEATURES without softcap)")
+
+
+def _softcap_cases():
+    """dtype x head dim x softcap {5, 30}; the mask and the head layout cycle so that every mask
+    and head layout meets both dtypes and both softcaps; seqused on half the cases (both dtypes)."""
+    cases = []
+    i = 0
+    for dname in DTYPES:
+        for d, dv in HDIMS:
+            for softcap in (5.0, 30.0):
+                mask = MASKS[i % len(MASKS)]
+                heads = list(HEADS)[i % len(HEADS)]
+                key = f"softcap-{dname}-d{d}x{dv}-{softcap}-{mask}-{heads}"
+                seed = zlib.crc32(key.encode())
+                seqused = (i + i // 4) % 2 == 0
+                i += 1
+                cases.append((dname, d, dv, softcap, mask, heads, seqused, seed))
+    return cases
+
+
+SOFTCAP_MATRIX = _softcap_cases()
+
+
+def _softcap_id(c):
+    dname, d, dv, softcap, mask, heads, seqused, _ = c
+    return f"{dname}-d{d}x{dv}-cap{softcap:g}-{mask}-{heads}" + ("-seqused" if seqused else "")
+
+
+@pytest.mark.parametrize("case", SOFTCAP_MATRIX, ids=[_softcap_id(c) for c in SOFTCAP_MATRIX])
+def test_softcap(case):
+    """A random batch (lengths 0..1100, seqused, trailing rows): out / softmax_lse per sequence and,
+    where the backward softcap kernel is built, dq / dk / dv (0 in the rows that are not real
+    tokens) against the reference with the capped scores."""
+    dname, d, dv, softcap, mask, heads, seqused, seed = case
+    dtype = DTYPES[dname]
+    _skip_unless_softcap_built(dtype, d, dv)
+    hq, hk = HEADS[heads]
+    batch = _random_batch(seed, hq, hk, d, dv, dtype, seqused)
+    causal, window = _mask_args(mask, batch, random.Random(seed + 1))
+    # scores of a few units at 1/sqrt(d) (N(0, 1) inputs): scaled up so that softcap 5 bends many
+    scale = 4.0 / d ** 0.5
+    what = (f" [softcap={softcap}, lens_q {batch.lens_q}, lens_k {batch.lens_k}, used_q {batch.used_q}, "
+            f"used_k {batch.used_k}, causal={causal}, window={window}]")
+    _run_and_check(batch, causal, window, softmax_scale=scale, what=what, softcap=softcap)
+    if flash3.backward_is_built(dtype, d, dv) and softcap_built(dtype, d, dv, backward=True):
+        _run_and_check_backward(batch, causal, window, softmax_scale=scale, seed=seed, what=what, softcap=softcap)
+
+
+@pytest.mark.parametrize("softcap", [1.0, 5.0, 30.0], ids=["cap1", "cap5", "cap30"])
+@pytest.mark.parametrize("mask", MASKS, ids=MASKS)
+def test_softcap_special_lengths(mask, softcap):
+    """test_special_lengths' batch with softcap (1: saturated scores), forward and backward, with
+    and without seqused."""
+    dtype = torch.bfloat16
+    _skip_unless_softcap_built(dtype, 128, 128)
+    backward = flash3.backward_is_built(dtype, 128, 128) and softcap_built(dtype, 128, 128, backward=True)
+    lens_q = [0, 1, 127, 128, 129, 1100, 129, 1]
+    lens_k = [1, 0, 129, 128, 127, 1100, 1, 129]
+    used_q = [0, 1, 100, 128, 128, 1000, 129, 0]
+    used_k = [1, 0, 64, 128, 0, 1100, 1, 100]
+    for seqused in (False, True):
+        batch = Batch(lens_q, lens_k, 8, 2, 128, 128, dtype, used_q=used_q if seqused else None,
+                      used_k=used_k if seqused else None, pad_q=5, pad_k=7, seed=3)
+        causal, window = _mask_args(mask, batch, random.Random(7))
+        scale = 4.0 / 128 ** 0.5  # scores of several units: softcap 1 and 5 saturate many
+        what = f" [softcap={softcap}, seqused={seqused}, causal={causal}, window={window}]"
+        _run_and_check(batch, causal, window, softmax_scale=scale, what=what, softcap=softcap)
+        if backward:
+            _run_and_check_backward(batch, causal, window, softmax_scale=scale, seed=17, what=what, softcap=softcap)
+
+
+def test_softcap_scale_zero_is_uniform_attention():
+    """softcap with softmax_scale=0: every capped score is 0, so each sequence's out is the mean of
+    v over its visible keys and softmax_lse = log(count), as without softcap."""
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128)
+    b = Batch([300, 0, 129, 64], [200, 5, 1100, 0], 4, 2, 128, 128, torch.bfloat16, seed=33)
+    want_out, want_lse = b.call(softmax_scale=0.0, causal=True, window_size=(50, -1))
+    out, lse = b.call(softmax_scale=0.0, causal=True, window_size=(50, -1), softcap=5.0)
+    w = b.written_rows()
+    torch.testing.assert_close(out[w], want_out[w], atol=1e-2, rtol=1e-2)
+    ok, err, _, _, _ = check_close(lse[:, w], want_lse[:, w], want_lse[:, w], EPS_LSE)
+    assert ok, f"lse err {err:.3e} vs softcap-free softmax_scale=0"
+    _check_against_reference(out, lse, b, True, (50, -1), 0.0, " (softcap 5, scale 0)", softcap=5.0)
+
+
+@pytest.mark.parametrize("heads", ["gqa", "mqa"], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+def test_softcap_backward_deterministic_is_bitwise_reproducible(causal, heads):
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128, backward=True)
+    hq, hk = HEADS[heads]
+    batch = Batch([700, 0, 1, 1100, 300], [1100, 5, 0, 1100, 64], hq, hk, 128, 128, torch.bfloat16,
+                  used_q=[650, 0, 1, 1100, 299], used_k=[1100, 5, 0, 1000, 64], pad_q=3, pad_k=9, seed=34)
+    g_out, g_lse = _cotangents(batch, 35)
+    runs = [_grads(batch, g_out, g_lse, causal=causal, softcap=30.0, deterministic=True)[2:] for _ in range(2)]
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), f"{name} differs between two deterministic softcap backward passes"
+    _check_grads(runs[0], batch, causal, (-1, -1), g_out, g_lse, what=" (softcap 30, deterministic)", softcap=30.0)
+
+
+def test_softcap_compile_and_opcheck():
+    """softcap through torch.compile(fullgraph=True) (forward and backward: the fake
+    implementations of varlen_fwd / varlen_bwd) computes what eager does; torch.library.opcheck of
+    varlen_fwd with softcap."""
+    _skip_unless_softcap_built(torch.bfloat16, 128, 128)
+    bwd = flash3.backward_is_built(torch.bfloat16, 128, 128) and softcap_built(torch.bfloat16, 128, 128, True)
+    b = Batch([300, 0, 129, 1], [200, 5, 1100, 0], 8, 2, 128, 128, torch.bfloat16, used_q=[300, 0, 100, 1], pad_q=2,
+              seed=36)
+    g_out, g_lse = _cotangents(b, 36)
+    rows = b.written_rows()
+
+    def f(q, k, v, cu_q, cu_k, used_q):
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, b.max_q, b.max_k, seqused_q=used_q, causal=True,
+                                          softcap=30.0, deterministic=True, return_attn_probs=True)
+        c = flash_attn_varlen_func(q, k, v, cu_q, cu_k, b.max_q, b.max_k, seqused_q=used_q, softmax_scale=0.3,
+                                   window_size=(64, 5), softcap=5.0, deterministic=True)
+        return out, lse, c
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    results = []
+    for fn in (f, compiled):
+        q, k, v = (t.detach().requires_grad_(bwd) for t in (b.q, b.k, b.v))
+        out, lse, c = fn(q, k, v, b.cu_q, b.cu_k, b.seqused_q)
+        grads = ()
+        if bwd:
+            loss = _loss(out, lse, g_out, g_lse, rows) + _loss(c, lse.detach(), g_out, g_lse, rows)
+            grads = torch.autograd.grad(loss, (q, k, v))
+        results.append((out.detach()[rows], lse.detach()[:, rows], c.detach()[rows], *grads))
+    for name, x, y in zip(("out", "lse", "out2", "dq", "dk", "dv"), results[1], results[0]):
+        if name in ("out", "lse", "out2"):
+            assert torch.equal(x, y), f"{name}: compiled differs from eager"
+        else:  # the compiled graph may sum the loss's terms into dout in another order
+            torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)
+    op = torch.ops.flash3.varlen_fwd.default
+    full = Batch([100, 0, 333, 1], [150, 7, 333, 0], 4, 2, 128, 128, torch.bfloat16, seed=37)
+    tests = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    if bwd:
+        tests += ("test_autograd_registration",)
+    q, k, v = (t.detach().requires_grad_(bwd) for t in (full.q, full.k, full.v))
+    for scale, causal, wl, wr, softcap in [(None, True, -1, -1, 30.0), (0.3, False, 17, 2 ** 40, 5.0)]:
+        torch.library.opcheck(op, (q, k, v, full.cu_q, full.cu_k, None, None, full.max_q, full.max_k, scale, causal,
+                                   wl, wr, softcap, True),
+                              test_utils=tests)
 
 
 # ---------------------------------------------------------------------------

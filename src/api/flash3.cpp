@@ -104,8 +104,6 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     if (!s.ok()) return s;
     // Nothing to compute (varlen: no sequences or no query rows), nothing launched.
     if (forward_is_empty(args)) return Status::Ok();
-    // Valid requests for features the kernel does not implement yet.
-    if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
     // Varlen: one launch over all sequences (the batch lives in cu_seqlens).
     if (args.opts.cu_seqlens_q != nullptr) return launch_forward(make_fwd_params(args), stream);
@@ -127,7 +125,6 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   try {
     Status s = validate_backward(args);
     if (!s.ok()) return s;
-    if (args.opts.softcap > 0.f) return Status::NotSupported("softcap");
     if (backward_is_empty(args)) return Status::Ok();  // nothing to write
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
     const size_t need = backward_workspace_size(args);

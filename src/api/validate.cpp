@@ -501,8 +501,16 @@ std::string built_kernels_list(bool forward_pass) {
   return out.empty() ? "none" : out;
 }
 
-Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head_dim_v) {
+Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head_dim_v, float softcap) {
   const bool built = forward_pass ? fwd_kernel_built(dtype, head_dim, head_dim_v) : bwd_kernel_built(dtype, head_dim, head_dim_v);
+  if (built && softcap > 0.f) {
+    // The feature's own units (FLASH3_FEATURES), present or not for every built kernel.
+    const bool capped = forward_pass ? fwd_kernel_built(dtype, head_dim, head_dim_v, ScoreModKind::kSoftcap)
+                                     : bwd_kernel_built(dtype, head_dim, head_dim_v, ScoreModKind::kSoftcap);
+    if (capped) return Status::Ok();
+    return Status::NotSupported("opts.softcap: " + std::string(forward_pass ? "forward" : "backward") +
+                                " softcap kernels are not built in this library (FLASH3_FEATURES has no softcap)");
+  }
   if (built) return Status::Ok();
   return Status::NotSupported(std::string(forward_pass ? "forward" : "backward") + " kernel for dtype " + dtype_str(dtype) +
                               ", head_dim " + std::to_string(head_dim) + ", head_dim_v " + std::to_string(head_dim_v) +
@@ -618,7 +626,7 @@ Status validate_forward(const ForwardArgs& args) {
   if (forward_is_empty(args)) return Status::Ok();
   const int last = args.q.ndim - 1;
   FLASH3_RETURN_IF_ERROR(check_kernel_built(true, args.q.dtype, static_cast<int>(args.q.shape[last]),
-                                            static_cast<int>(args.v.shape[last])));
+                                            static_cast<int>(args.v.shape[last]), args.opts.softcap));
   if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_forward_device(args));
   return Status::Ok();
 }
@@ -628,7 +636,7 @@ Status validate_backward(const BackwardArgs& args) {
   if (backward_is_empty(args)) return Status::Ok();
   const int last = args.q.ndim - 1;
   FLASH3_RETURN_IF_ERROR(check_kernel_built(false, args.q.dtype, static_cast<int>(args.q.shape[last]),
-                                            static_cast<int>(args.v.shape[last])));
+                                            static_cast<int>(args.v.shape[last]), args.opts.softcap));
   if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_backward_device(args));
   return Status::Ok();
 }

@@ -41,8 +41,9 @@ int64_t batch_per_launch(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, in
 bool forward_is_empty(const ForwardArgs& args);
 bool backward_is_empty(const BackwardArgs& args);
 
-// Step 3: NotSupported naming (pass, dtype, head_dim, head_dim_v) and the built list.
-Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head_dim_v);
+// Step 3: NotSupported naming (pass, dtype, head_dim, head_dim_v) and the built
+// list; with softcap > 0 the softcap units must be built too.
+Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head_dim_v, float softcap = 0.f);
 // "bf16 64x64, bf16 128x128, ..." or "none".
 std::string built_kernels_list(bool forward_pass);
 

@@ -26,6 +26,7 @@
 #include "common/seqlen.h"
 #include "config/tile_size.h"
 #include "fusion/mask.h"
+#include "fusion/score_mod.h"
 
 namespace flash3 {
 using namespace cute;
@@ -35,10 +36,12 @@ struct DefaultBwdConfig {
   static constexpr BwdTileConfig value = bwd_tile_config(D, DV, kCausalOrLocal, kShortQ);
 };
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false,
+          class ScoreMod_ = ScoreModIdentity>
 struct BwdTraits {
   using Element = Element_;
   using Mask = Mask_;
+  using ScoreMod = ScoreMod_;  // fusion/score_mod.h
   // Variable-length batches: per-sequence tensor maps and tile maps
   // (bwd/varlen_prep.h); one KV tile per CTA, no split plan, no row shift.
   static constexpr bool kVarlen = kVarlen_;
@@ -257,7 +260,12 @@ struct BwdTraits {
   struct VarlenParams : FixedParams {
     VarlenScratch varlen;
   };
-  using Params = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
+  using BaseParams = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
+  // A score modifier adds its pre-scale (the identity keeps BaseParams as it is).
+  struct ScoreModParams : BaseParams {
+    float score_mod_scale;
+  };
+  using Params = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
 };
 
 }  // namespace flash3

@@ -30,7 +30,15 @@ template <class Traits>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   using Mask = typename Traits::Mask;
+  using ScoreMod = typename Traits::ScoreMod;
   using Params = typename Traits::Params;
+
+  // The score modifier's per-score derivative (ScoreMod::grad: fp16, in the
+  // S^T accumulator's layout, whose flat index matches dP^T's); an unused int
+  // for the identity.
+  template <class SFrag>
+  using ModGrad = std::conditional_t<ScoreMod::kEnabled,
+                                     decltype(convert_fragment<cutlass::half_t>(std::declval<SFrag&>())), int>;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   static constexpr int kNumMmaWG = Traits::kNumMmaWG;
@@ -253,7 +261,8 @@ struct BwdMainloop {
                                               typename Traits::PipelineStatedO const& rdo, bool first, int m_block,
                                               int n_block, MmaS& mma_s, MmadP& mma_dp, TK const& tSrK,
                                               TQ const& tSrQ, TV const& tdPrV, TdO const& tdPrdO,
-                                              TC const& tScS_rc, SFrag& tSrS, dPFrag& tdPrdP) {
+                                              TC const& tScS_rc, SFrag& tSrS, dPFrag& tdPrdP,
+                                              [[maybe_unused]] ModGrad<SFrag>& mod_grad) {
     pipeline_q.consumer_wait(rq);
     wgmma_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, rq.index()), tSrS);
     constexpr int kNCols = decltype(size<1>(tScS_rc))::value;
@@ -266,6 +275,10 @@ struct BwdMainloop {
     warpgroup_wait<1>();  // S^T ready; dP^T may still run
 
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    if constexpr (ScoreMod::kEnabled) {
+      ScoreMod::apply(s, params.score_mod_scale);
+      mod_grad = ScoreMod::grad(tSrS);
+    }
     if (bwd_tile_needs_mask(mask, m_block, n_block, kBlockM, kBlockN)) {
       mask_keys_queries(s, tScS_rc, mask, m_block * kBlockM, n_block * kBlockN);
     }
@@ -296,6 +309,15 @@ struct BwdMainloop {
       dp(r, c) = p(r, c) * (dp(r, c) - d.x);
       dp(r, c + 1) = p(r, c + 1) * (dp(r, c + 1) - d.y);
     });
+  }
+
+  // dS^T *= the score modifier's derivative (nothing for the identity).
+  template <class dPFrag, class Grad>
+  CUTLASS_DEVICE static void ds_times_mod_grad(dPFrag& tdPrdP, [[maybe_unused]] Grad const& grad) {
+    if constexpr (ScoreMod::kEnabled) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) *= float(grad(i));
+    }
   }
 
   // f(r, c, stat) for every row r and column pair (c, c + 1) of an accumulator
@@ -401,13 +423,15 @@ struct BwdMainloop {
         const int m_block = query_block(params, range, i);
         SFrag tSrS;
         dPFrag tdPrdP;
+        ModGrad<SFrag> mod_grad;
         issue_sdp_then_p(params, mask, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
-                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, mod_grad);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         const int pds_stage = it % Traits::kStagesdS;
         store_pairs(convert_fragment<Element>(tSrS), tScS, smem_p, pds_stage);
         warpgroup_wait<0>();
         ds_from_p(s, tdPrdP, ss.smem_dpsum.data() + rdo.index() * kBlockM, tScS_rc);
+        ds_times_mod_grad(tdPrdP, mod_grad);
         store_pairs(convert_fragment<Element>(tdPrdP), tScS, smem_ds, pds_stage);
         // Both warpgroups' P^T / dS^T slices visible to the async proxy before any
         // GEMM reads the whole tiles.
@@ -493,8 +517,9 @@ struct BwdMainloop {
         // G1 S^T, G2 dP^T; P^T from S^T while G2 runs.
         SFrag tSrS;
         dPFrag tdPrdP;
+        ModGrad<SFrag> mod_grad;
         issue_sdp_then_p(params, mask, ss, pipeline_q, pipeline_do, rq, rdo, it == 0, m_block, tile.n_block, mma_s, mma_dp,
-                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP);
+                         tSrK, tSrQ, tdPrV, tdPrdO, tScS_rc, tSrS, tdPrdP, mod_grad);
         Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
         Tensor rP = convert_fragment<Element>(tSrS);
         Tensor tdVrP = make_tensor(rP.data(), acc_to_operand_a(rP.layout()));
@@ -509,6 +534,7 @@ struct BwdMainloop {
         } else {
           ds_from_p(s, tdPrdP, dpsum_smem, tScS_rc);
         }
+        ds_times_mod_grad(tdPrdP, mod_grad);
         Tensor rdS = convert_fragment<Element>(tdPrdP);
         const int ds_stage = it % Traits::kStagesdS;
         store_pairs(rdS, tScS, smem_ds, ds_stage);

@@ -50,6 +50,14 @@ struct FwdParams {
 // Lowers validated args. Only call after validate_forward() succeeded.
 FwdParams make_fwd_params(const ForwardArgs& args);
 
+// The score modifier a problem needs (fusion/score_mod.h: one policy type per
+// kind; the manifest's feature axis builds a unit per kind).
+enum class ScoreModKind : int { kIdentity = 0, kSoftcap = 1 };
+inline ScoreModKind score_mod_kind(const FwdParams& p) {
+  return p.softcap > 0.f ? ScoreModKind::kSoftcap : ScoreModKind::kIdentity;
+}
+inline const char* score_mod_feature(ScoreModKind k) { return k == ScoreModKind::kSoftcap ? "softcap" : "none"; }
+
 // The kernels' view of the mask (shared by forward and backward launches):
 // causal is a right bound of 0 with the left unbounded.
 inline MaskSpec make_mask_spec(const FwdParams& p) {

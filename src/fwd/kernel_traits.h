@@ -8,6 +8,7 @@
 #include "common/seqlen.h"
 #include "config/tile_size.h"
 #include "fusion/mask.h"
+#include "fusion/score_mod.h"
 
 namespace flash3 {
 using namespace cute;
@@ -29,10 +30,12 @@ struct OneTileConfig {
   static constexpr FwdTileConfig value = one_tile_per_cta(Cfg::value);
 };
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false,
+          class ScoreMod_ = ScoreModIdentity>
 struct FwdTraits {
   using Element = Element_;
   using Mask = Mask_;
+  using ScoreMod = ScoreMod_;  // fusion/score_mod.h
   // Variable-length batches: per-sequence tensor maps (SeqlenInfo, varlen_prep.h).
   static constexpr bool kVarlen = kVarlen_;
   static constexpr FwdTileConfig kCfg = Cfg::value;
@@ -164,7 +167,12 @@ struct FwdTraits {
   struct VarlenParams : FixedParams {
     VarlenScratch varlen;
   };
-  using Params = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
+  using BaseParams = std::conditional_t<kVarlen, VarlenParams, FixedParams>;
+  // A score modifier adds its pre-scale (the identity keeps BaseParams as it is).
+  struct ScoreModParams : BaseParams {
+    float score_mod_scale;
+  };
+  using Params = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
 };
 
 }  // namespace flash3

@@ -161,6 +161,12 @@ struct FwdMainloop {
     }
   }
 
+  // The score modifier, before the mask (masked scores must end as -inf).
+  template <class TensorS>
+  CUTLASS_DEVICE static void modify_scores(Params const& params, TensorS& tSrS) {
+    if constexpr (Traits::ScoreMod::kEnabled) Traits::ScoreMod::apply(tSrS, params.score_mod_scale);
+  }
+
   template <bool kSeqlen, bool kRight, bool kLeft, class TensorS, class TensorC>
   CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, MaskSpec const& mask, int m_block,
                                          int n_block) {
@@ -223,6 +229,7 @@ struct FwdMainloop {
       scheduler_arrive(wg);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
+      modify_scores(params, tSrS);
       mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, mask, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
       softmax.template step<true, Traits::kRescaleSlack>(s, row_scale);
@@ -256,6 +263,7 @@ struct FwdMainloop {
         scheduler_arrive(wg);
         warpgroup_wait<1>();  // S ready; the PV GEMM may still run
         pipeline_k.consumer_release(read);
+        modify_scores(params, tSrS);
         mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
@@ -274,6 +282,7 @@ struct FwdMainloop {
         scheduler_arrive(wg);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
+        modify_scores(params, tSrS);
         mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);

@@ -85,8 +85,13 @@ Status build_bwd_kernel_params(const BwdParams& p, const BwdWorkspaceLayout& w, 
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = w.num_m_blocks;
   kp.seqlen_q_pad = w.seqlen_q_pad;
+  // softmax_scale scales dQ and dK whatever the score modifier (its
+  // derivative goes into dS); P uses the modifier's log2 scale.
+  const ScoreModScales sc =
+      score_mod_scales(p.softmax_scale, p.softmax_scale_log2, Traits::ScoreMod::kEnabled ? p.softcap : 0.f);
   kp.softmax_scale = p.softmax_scale;
-  kp.softmax_scale_log2 = p.softmax_scale_log2;
+  kp.softmax_scale_log2 = sc.scale_log2;
+  if constexpr (Traits::ScoreMod::kEnabled) kp.score_mod_scale = sc.pre_scale;
   kp.deterministic = p.deterministic;
   return Status::Ok();
 }
@@ -226,16 +231,17 @@ Status launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
                        dim3(q_bound, p.heads_q, 1), dim3(Traits::kNumMmaThreads), 0, stream, post);
 }
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal, bool kShortQ>
 Status run_bwd_varlen_mask(const BwdParams& p, cudaStream_t stream) {
   using Cfg = DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>;
-  return launch_bwd_varlen<BwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true>>(p, stream);
+  return launch_bwd_varlen<BwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod>>(p, stream);
 }
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal, bool kShortQ>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal, bool kShortQ>
 Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
   using Traits =
-      BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask>;
+      BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask,
+                false, ScoreMod>;
   constexpr int kBlockM = Traits::kBlockM;
   // Causal/local launches put the KV blocks in gridDim.y (BwdScheduler::grid).
   if (kCausalOrLocal && (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN > kMaxGridYZ)
@@ -267,26 +273,32 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
 
 // Mask variant: causal/local blocks are unequal (LPT block order), unmasked
 // blocks keep n_block fastest for L2 reuse.
-template <class Element, int kHeadDim, int kHeadDimV, bool kShortQ>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, bool kShortQ>
 Status run_bwd_masks(const BwdParams& p, cudaStream_t stream) {
   if (p.varlen) {
-    if (p.is_local) return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true, kShortQ>(p, stream);
-    if (p.is_causal) return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true, kShortQ>(p, stream);
-    return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskNone, false, kShortQ>(p, stream);
+    if (p.is_local) {
+      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(p, stream);
+    }
+    if (p.is_causal) {
+      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(p, stream);
+    }
+    return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(p, stream);
   }
-  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true, kShortQ>(p, stream);
-  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true, kShortQ>(p, stream);
-  return run_bwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, false, kShortQ>(p, stream);
+  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(p, stream);
+  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(p, stream);
+  return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(p, stream);
 }
 
 // Query-tile variant: short sequences of some head dims keep 64-row tiles
 // (bwd_short_tile; backward_workspace_bytes applies the same rule).
-template <class Element, int kHeadDim, int kHeadDimV>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_bwd(const BwdParams& p, cudaStream_t stream) {
   if constexpr (bwd_has_short_tile(kHeadDim)) {
-    if (bwd_short_tile(kHeadDim, bwd_tile_seqlen_q(p))) return run_bwd_masks<Element, kHeadDim, kHeadDimV, true>(p, stream);
+    if (bwd_short_tile(kHeadDim, bwd_tile_seqlen_q(p))) {
+      return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, true>(p, stream);
+    }
   }
-  return run_bwd_masks<Element, kHeadDim, kHeadDimV, false>(p, stream);
+  return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, false>(p, stream);
 }
 
 }  // namespace flash3

@@ -1,6 +1,7 @@
 // The one host file that turns runtime options into compile-time variants.
-// (dtype, head_dim, head_dim_v) come from the manifest's kernel_table.inc; the
-// mask variant (none / causal / local) is chosen inside run_fwd.
+// (dtype, head_dim, head_dim_v, score modifier) come from the manifest's
+// kernel_table.inc; the mask variant (none / causal / local), varlen and the
+// tile variant are chosen inside run_fwd / run_bwd.
 #include "launch/dispatch.h"
 
 #include <algorithm>
@@ -11,60 +12,68 @@
 #include "common/cuda_check.h"
 #include "common/seqlen.h"
 #include "config/tile_size.h"
+#include "fusion/score_mod.h"
 
 namespace flash3 {
 
-template <class Element, int kHeadDim, int kHeadDimV>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_fwd(const FwdParams& params, cudaStream_t stream);
-template <class Element, int kHeadDim, int kHeadDimV>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_bwd(const BwdParams& params, cudaStream_t stream);
 
-bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v) {
-#define FLASH3_FWD(E, T, D, DV) \
-  if (dtype == DType::E && head_dim == D && head_dim_v == DV) return true;
-#define FLASH3_BWD(E, T, D, DV)
+// One kernel_table.inc row per (pass, dtype, head_dim, head_dim_v, score
+// modifier) unit; SM is the policy type (fusion/score_mod.h).
+bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod) {
+#define FLASH3_FWD(E, T, D, DV, SM) \
+  if (dtype == DType::E && head_dim == D && head_dim_v == DV && mod == SM::kKind) return true;
+#define FLASH3_BWD(E, T, D, DV, SM)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
   return false;
 }
 
-bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v) {
-#define FLASH3_FWD(E, T, D, DV)
-#define FLASH3_BWD(E, T, D, DV) \
-  if (dtype == DType::E && head_dim == D && head_dim_v == DV) return true;
+bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod) {
+#define FLASH3_FWD(E, T, D, DV, SM)
+#define FLASH3_BWD(E, T, D, DV, SM) \
+  if (dtype == DType::E && head_dim == D && head_dim_v == DV && mod == SM::kKind) return true;
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
   return false;
+}
+
+static Status not_built(const char* pass, const FwdParams& p) {
+  return Status::NotSupported(std::string(pass) + " kernel for dtype " + dtype_name(p.dtype) + ", head_dim " +
+                              std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +
+                              ", score modifier " + score_mod_feature(score_mod_kind(p)) +
+                              " is not built in this library");
 }
 
 Status launch_forward(const FwdParams& params, cudaStream_t stream) {
-#define FLASH3_FWD(E, T, D, DV)                                                        \
-  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
-    return run_fwd<T, D, DV>(params, stream);                                          \
+  const ScoreModKind mod = score_mod_kind(params);
+#define FLASH3_FWD(E, T, D, DV, SM)                                                                            \
+  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV && mod == SM::kKind) { \
+    return run_fwd<T, D, DV, SM>(params, stream);                                                              \
   }
-#define FLASH3_BWD(E, T, D, DV)
+#define FLASH3_BWD(E, T, D, DV, SM)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
-  return Status::NotSupported("forward kernel for dtype " + std::string(dtype_name(params.dtype)) +
-                              ", head_dim " + std::to_string(params.head_dim) + ", head_dim_v " +
-                              std::to_string(params.head_dim_v) + " is not built in this library");
+  return not_built("forward", params);
 }
 
 Status launch_backward(const BwdParams& params, cudaStream_t stream) {
-#define FLASH3_FWD(E, T, D, DV)
-#define FLASH3_BWD(E, T, D, DV)                                                        \
-  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
-    return run_bwd<T, D, DV>(params, stream);                                          \
+  const ScoreModKind mod = score_mod_kind(params);
+#define FLASH3_FWD(E, T, D, DV, SM)
+#define FLASH3_BWD(E, T, D, DV, SM)                                                                            \
+  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV && mod == SM::kKind) { \
+    return run_bwd<T, D, DV, SM>(params, stream);                                                              \
   }
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
-  return Status::NotSupported("backward kernel for dtype " + std::string(dtype_name(params.dtype)) +
-                              ", head_dim " + std::to_string(params.head_dim) + ", head_dim_v " +
-                              std::to_string(params.head_dim_v) + " is not built in this library");
+  return not_built("backward", params);
 }
 
 BwdWorkspaceLayout bwd_workspace_for(const BwdParams& p, int tile_m, int tile_n, BwdSplitPlan* split) {

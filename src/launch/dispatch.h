@@ -1,13 +1,16 @@
 // The host side of the runtime -> compile-time switch (implemented in dispatch.cu,
-// the one file that maps (dtype, head_dim, head_dim_v) onto the generated instantiations).
+// the one file that maps (dtype, head_dim, head_dim_v, score modifier) onto the
+// generated instantiations).
 #pragma once
 #include "bwd/workspace.h"
 #include "common/params.h"
 
 namespace flash3 {
 
-bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v);
-bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v);
+// Whether the unit of (dtype, head_dim, head_dim_v) with score modifier `mod`
+// is built (the manifest's feature axis).
+bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod = ScoreModKind::kIdentity);
+bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod = ScoreModKind::kIdentity);
 // Launches the forward for validated params (mask variant chosen inside).
 Status launch_forward(const FwdParams& params, cudaStream_t stream);
 // Launches preprocess, main kernel and postprocess for validated params;

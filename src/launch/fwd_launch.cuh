@@ -79,8 +79,12 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.heads_q = p.heads_q;
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  kp.softmax_scale = p.softmax_scale;
-  kp.softmax_scale_log2 = p.softmax_scale_log2;
+  // The score modifier's scales (identity: the plain softmax_scale pair).
+  const ScoreModScales sc =
+      score_mod_scales(p.softmax_scale, p.softmax_scale_log2, Traits::ScoreMod::kEnabled ? p.softcap : 0.f);
+  kp.softmax_scale = sc.lse_scale;
+  kp.softmax_scale_log2 = sc.scale_log2;
+  if constexpr (Traits::ScoreMod::kEnabled) kp.score_mod_scale = sc.pre_scale;
   return Status::Ok();
 }
 
@@ -187,31 +191,34 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
 // measured 0.970 / 0.997 of the fixed-length kernel at 8k / 16k against
 // 0.888 / 0.913 for the two-warpgroup sliding-window tile, which does not
 // spill; docs/performance.md.)
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kCausalOrLocal>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal>
 Status run_fwd_varlen_mask(const FwdParams& p, cudaStream_t stream) {
   using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
-  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true>>(p, stream);
+  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod>>(p, stream);
 }
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal,
-          bool kShortCausal = false>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, class Scheduler,
+          bool kCausalOrLocal, bool kShortCausal = false>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
   using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft, kShortCausal>;
   using PersistentSched = std::conditional_t<kCausalOrLocal, DynamicLptTileScheduler, PersistentTileScheduler>;
   using Sched = std::conditional_t<Base::value.persistent, PersistentSched, Scheduler>;
-  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask>, Sched>(p, stream);
+  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask, false, ScoreMod>, Sched>(p, stream);
 }
 
 // Mask variant and scheduler: causal/local tiles are unequal, so they use the
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
-template <class Element, int kHeadDim, int kHeadDimV>
+// ScoreMod (the manifest's feature axis) is fixed per generated unit.
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.varlen) {
-    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskLocal, true>(p, stream);
-    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskCausal, true>(p, stream);
-    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, MaskNone, false>(p, stream);
+    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true>(p, stream);
+    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true>(p, stream);
+    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false>(p, stream);
   }
-  if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
+  if (p.is_local) {
+    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(p, stream);
+  }
   if (p.is_causal) {
     // Head dims whose causal problems all take the short-causal kernel
     // (fwd_short_causal: d <= 64) do not instantiate the other one.
@@ -219,14 +226,15 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
     static_assert(!kAlwaysShort || fwd_has_short_causal(kHeadDim, kHeadDimV), "short-causal kernel missing");
     if constexpr (fwd_has_short_causal(kHeadDim, kHeadDimV)) {
       if (kAlwaysShort || fwd_short_causal(kHeadDim, p.seqlen_k)) {
-        return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true, true>(p, stream);
+        return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true, true>(p,
+                                                                                                              stream);
       }
     }
     if constexpr (!kAlwaysShort) {
-      return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+      return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(p, stream);
     }
   }
-  return run_fwd_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
+  return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(p, stream);
 }
 
 }  // namespace flash3

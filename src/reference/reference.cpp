@@ -381,7 +381,8 @@ void forward_lowp(LowPrecision tp, const Problem& p, const Options& o, const dou
 // ---------------------------------------------------------------------------
 // Tolerance rule.
 // ---------------------------------------------------------------------------
-CloseResult check_close(const double* ours, const double* ref, const double* lowp, size_t n, double eps) {
+CloseResult check_close(const double* ours, const double* ref, const double* lowp, size_t n, double eps,
+                        double factor) {
   CloseResult r;
   const double inf = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < n; ++i) {
@@ -407,7 +408,7 @@ CloseResult check_close(const double* ours, const double* ref, const double* low
       r.base_err = std::max(r.base_err, e);
     }
   }
-  r.bound = 2.0 * r.base_err + eps;
+  r.bound = factor * r.base_err + eps;
   r.ok = r.nan_count == 0 && r.err <= r.bound;
   return r;
 }

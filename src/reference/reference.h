@@ -85,6 +85,13 @@ struct CloseResult {
   double err = 0, base_err = 0, bound = 0;
   int64_t nan_count = 0;
 };
-CloseResult check_close(const double* ours, const double* ref, const double* lowp, size_t n, double eps);
+// factor: 2 (the FlashAttention rule); softcap problems use kSoftcapTolFactor.
+CloseResult check_close(const double* ours, const double* ref, const double* lowp, size_t n, double eps,
+                        double factor = 2.0);
+// FlashAttention-3's own rule for softcap (its tests' rtol 3 instead of 2): the
+// kernels evaluate tanh with the hardware approximation (relative error ~2^-11),
+// an error the plain implementation, whose capped scores round to exactly +-1
+// when tanh saturates, does not make.
+inline constexpr double kSoftcapTolFactor = 3.0;
 
 }  // namespace flash3::ref

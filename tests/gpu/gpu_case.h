@@ -39,8 +39,13 @@ enum class Layout { kContiguous, kPackedQKV, kPadded };
 struct HeadDims {
   int d, dv;
 };
-// Every (head_dim, head_dim_v) pair the library has kernels for (tools/manifest.py).
-inline constexpr HeadDims kAllHeadDims[] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+// Every (head_dim, head_dim_v) pair the library has kernels for (tools/manifest.py,
+// through the generated head_dims.inc).
+inline constexpr HeadDims kAllHeadDims[] = {
+#define FLASH3_HEAD_DIM(D, DV) {D, DV},
+#include "head_dims.inc"
+#undef FLASH3_HEAD_DIM
+};
 struct Seqlens {
   int sq, sk;
 };
@@ -242,6 +247,52 @@ inline std::vector<HeadDims> built_head_dims(const char* pass, bool* found = nul
 
 inline std::string head_dims_name(HeadDims h) { return "d" + std::to_string(h.d) + "x" + std::to_string(h.dv); }
 
+// Whether variants.txt lists the (pass, dtype, head dims) unit of `feature`.
+inline bool variant_listed(const char* pass, DType dt, HeadDims h, const char* feature) {
+  for (const tu::Variant& v : tu::read_variants(tu::variants_path(FLASH3_VARIANTS_FILE), nullptr, feature))
+    if (v.pass == pass && v.dtype == tu::short_dtype(dt) && v.d == h.d && v.dv == h.dv) return true;
+  return false;
+}
+// The softcap units of a forward (and, with backward, of the backward too) are built.
+inline bool softcap_built(DType dt, HeadDims h, bool backward) {
+  if (!flash3::forward_is_built(dt, h.d, h.dv) || !variant_listed("fwd", dt, h, "softcap")) return false;
+  return !backward || (flash3::backward_is_built(dt, h.d, h.dv) && variant_listed("bwd", dt, h, "softcap"));
+}
+
+// The softcap suites' values and masks (test_fwd_gpu.cpp, test_bwd_gpu.cpp).
+inline constexpr float kSoftcaps[] = {1.f, 5.f, 30.f};
+struct SoftcapMask {
+  const char* name;
+  bool causal;
+  int wl, wr;
+};
+inline constexpr SoftcapMask kSoftcapMasks[] = {
+    {"nomask", false, -1, -1}, {"causal", true, -1, -1}, {"local64x16", false, 64, 16}};
+// A float as a short case-name token (5, 0.3).
+inline std::string num_name(float x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+// check(c) for every case of cases(dtype, full), bf16 then fp16, over the
+// dtypes built(dtype) admits: the first one with full = true, the next with
+// the reduced set (full = false). Returns the number of cases run (0: nothing
+// built); stops at a fatal failure.
+template <class Built, class Cases, class Check>
+int run_per_dtype(Built&& built, Cases&& cases, Check&& check) {
+  int ran = 0;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    if (!built(dt)) continue;
+    for (const auto& c : cases(dt, ran == 0)) {
+      check(c);
+      if (::testing::Test::HasFatalFailure()) return ran;
+      ++ran;
+    }
+  }
+  return ran;
+}
+
 inline std::string head_dims_param_name(const ::testing::TestParamInfo<HeadDims>& info) {
   return head_dims_name(info.param);
 }
@@ -408,16 +459,23 @@ struct Verdict {
   flash3::ref::CloseResult r;
 };
 
+// The tolerance rule's factor for a case (any struct with softcap): 2, or
+// FlashAttention-3's softcap factor (ref::kSoftcapTolFactor) when capped.
+template <class Case>
+double tol_factor(const Case& c) {
+  return c.softcap > 0.f ? flash3::ref::kSoftcapTolFactor : 2.0;
+}
+
 // `where(i)` describes dense index i.
 template <class Where>
 Verdict judge(const char* what, const std::vector<double>& ours, const std::vector<double>& ref,
-              const std::vector<double>& low, double eps, Where where) {
+              const std::vector<double>& low, double eps, Where where, double factor = 2.0) {
   Verdict v;
-  v.r = flash3::ref::check_close(ours.data(), ref.data(), low.data(), ours.size(), eps);
+  v.r = flash3::ref::check_close(ours.data(), ref.data(), low.data(), ours.size(), eps, factor);
   v.ok = v.r.ok;
   std::ostringstream os;
   os.precision(6);
-  os << what << ": err=" << v.r.err << " baseline=" << v.r.base_err << " bound=" << v.r.bound << " (2*baseline+"
+  os << what << ": err=" << v.r.err << " baseline=" << v.r.base_err << " bound=" << v.r.bound << " (" << factor << "*baseline+"
      << eps << ") nan=" << v.r.nan_count << " n=" << ours.size();
   // Worst element (NaN counts as worst).
   size_t worst = ours.size();

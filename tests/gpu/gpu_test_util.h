@@ -168,11 +168,13 @@ struct DeviceBuffer {
 };
 
 // ---------------------------------------------------------------------------
-// Built variants, as listed by the manifest ("fwd bf16 128 128" lines).
+// Built variants, as listed by the manifest ("fwd bf16 128 128 none" lines:
+// pass, dtype, d, dv, feature).
 // ---------------------------------------------------------------------------
 struct Variant {
   std::string pass, dtype;
   int d = 0, dv = 0;
+  std::string feature = "none";
 };
 
 // The build's variants.txt; the environment variable FLASH3_VARIANTS_FILE
@@ -182,7 +184,9 @@ inline std::string variants_path(const char* compiled_in) {
   return (env != nullptr && *env != '\0') ? std::string(env) : std::string(compiled_in);
 }
 
-inline std::vector<Variant> read_variants(const std::string& path, bool* found = nullptr) {
+// The variants of one feature ("none": the plain kernels).
+inline std::vector<Variant> read_variants(const std::string& path, bool* found = nullptr,
+                                          const std::string& feature = "none") {
   std::vector<Variant> out;
   std::ifstream f(path);
   if (found) *found = bool(f);
@@ -190,7 +194,9 @@ inline std::vector<Variant> read_variants(const std::string& path, bool* found =
   while (std::getline(f, line)) {
     std::istringstream is(line);
     Variant v;
-    if (is >> v.pass >> v.dtype >> v.d >> v.dv) out.push_back(v);
+    if (!(is >> v.pass >> v.dtype >> v.d >> v.dv)) continue;
+    if (!(is >> v.feature)) v.feature = "none";
+    if (v.feature == feature) out.push_back(v);
   }
   return out;
 }

@@ -75,7 +75,7 @@ struct Case {
   bool causal = false;
   int wl = -1, wr = -1;
   float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
-  float softcap = 0.f;                        // reference-only tests
+  float softcap = 0.f;                        // opts.softcap; 0: off
   Layout layout = Layout::kContiguous;        // q, k, v (and out / dout geometry)
   Layout grad_layout = Layout::kContiguous;   // dq, dk, dv
   bool with_dlse = false;
@@ -429,7 +429,8 @@ void check_gradients(const Case& c, const Plan& p, const std::vector<uint16_t>& 
     const std::vector<double> ref = to_double(fetch_f32(*g.ref, n));
     const std::vector<double> low = to_double(fetch_f32(*g.low, n));
     const double eps = grad_eps(ref, c.dtype);
-    const Verdict v = judge(g.name, ours, ref, low, eps, [&](size_t i) { return where_bshx(i, g.s, g.h, g.w); });
+    const Verdict v =
+        judge(g.name, ours, ref, low, eps, [&](size_t i) { return where_bshx(i, g.s, g.h, g.w); }, tol_factor(c));
     const std::string lower = g.name[1] == 'Q' ? "dq" : (g.name[1] == 'K' ? "dk" : "dv");
     ::testing::Test::RecordProperty(lower + "_err", std::to_string(v.r.err));
     ::testing::Test::RecordProperty(lower + "_baseline", std::to_string(v.r.base_err));
@@ -1494,6 +1495,160 @@ TEST(BwdGpu, VariantsFileMatchesIsBuilt) {
       EXPECT_EQ(listed, flash3::backward_is_built(dt, h.d, h.dv))
           << tu::short_dtype(dt) << " " << h.d << "x" << h.dv << ": variants.txt and backward_is_built() disagree";
     }
+}
+
+// ===========================================================================
+// Softcap: opts.softcap > 0 caps the scaled scores, s -> softcap * tanh(s /
+// softcap); the backward goes through the tanh (dS_raw = dS * (1 - tanh^2)).
+// The forward (out / lse of the capped scores) and the backward run with the
+// same cap; the fp32 GPU reference recomputes everything with it. A (dtype,
+// head dims) pair runs only where variants.txt lists both its "fwd ... softcap"
+// and "bwd ... softcap" units (FLASH3_FEATURES) and the plain kernels are built.
+// ===========================================================================
+struct SoftcapShape {
+  const char* tag;
+  int b, sq, sk, hq, hkv;
+  Layout layout, grad_layout;  // kPackedQKV falls back to kContiguous where not packable
+  float scale;                 // NaN: 1/sqrt(d)
+  bool dlse;
+};
+// sq not a multiple of 64, sk not a multiple of any tile, sq > sk (causal: fully
+// masked rows and keys no query sees), decode-like, several KV blocks; MHA, GQA,
+// MQA; default and explicit softmax_scale; dlse on two.
+constexpr SoftcapShape kSoftcapShapes[] = {
+    {"sq128_sk128_mha2x2", 2, 128, 128, 2, 2, Layout::kPackedQKV, Layout::kPackedQKV, flash3::gpuref::kDefaultScale,
+     false},
+    {"sq113_sk203_mqa4x1", 2, 113, 203, 4, 1, Layout::kPadded, Layout::kContiguous, 0.3f, true},
+    {"sq300_sk177_gqa4x2", 1, 300, 177, 4, 2, Layout::kContiguous, Layout::kPadded, flash3::gpuref::kDefaultScale,
+     false},
+    {"sq1_sk257_mqa4x1", 2, 1, 257, 4, 1, Layout::kContiguous, Layout::kContiguous, 1.f, true},
+    {"sq257_sk700_gqa4x2", 1, 257, 700, 4, 2, Layout::kPadded, Layout::kPadded, 1.f, false},
+};
+
+// The softcap cases of one (dtype, head dims) pair. full: every mask x shape
+// (15; the causal one on the last shape deterministic) plus softmax_scale 0
+// (uniform P, dq = dk = 0) with dlse; else the 5 with shape index % 3 == mask
+// index. The cap cycles so that every mask sees every cap.
+std::vector<Case> softcap_cases(DType dt, HeadDims h, bool full) {
+  std::vector<Case> out;
+  constexpr int kShapes = int(sizeof(kSoftcapShapes) / sizeof(kSoftcapShapes[0]));
+  for (int m = 0; m < 3; ++m)
+    for (int si = 0; si < kShapes; ++si) {
+      if (!full && si % 3 != m) continue;
+      const SoftcapShape& s = kSoftcapShapes[si];
+      const SoftcapMask& mk = kSoftcapMasks[m];
+      Case c;
+      c.dtype = dt, c.d = h.d, c.dv = h.dv;
+      c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+      c.causal = mk.causal, c.wl = mk.wl, c.wr = mk.wr;
+      const bool pack = packable(c);
+      c.layout = s.layout == Layout::kPackedQKV && !pack ? Layout::kContiguous : s.layout;
+      c.grad_layout = s.grad_layout == Layout::kPackedQKV && !pack ? Layout::kContiguous : s.grad_layout;
+      c.scale = s.scale;
+      c.softcap = kSoftcaps[(m + si) % 3];
+      c.with_dlse = s.dlse;
+      c.deterministic = full && mk.causal && si == kShapes - 1;
+      c.name = "bwd_softcap" + num_name(c.softcap) + "_" + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" +
+               mk.name + "_" + s.tag + (std::isnan(s.scale) ? "" : "_scale" + num_name(s.scale)) +
+               (c.deterministic ? "_deterministic" : "");
+      c.seed = fnv1a(c.name);
+      out.push_back(c);
+    }
+  if (full) {  // softmax_scale 0: every capped score is 0 (uniform P), dq = dk = 0
+    Case c;
+    c.dtype = dt, c.d = h.d, c.dv = h.dv;
+    c.batch = 2, c.sq = 300, c.sk = 177, c.hq = 4, c.hkv = 2;
+    c.causal = true;
+    c.scale = 0.f;
+    c.softcap = 5.f;
+    c.with_dlse = true;
+    c.name = "bwd_softcap5_" + std::string(tu::short_dtype(dt)) + "_" + head_dims_name(h) + "_causal_scale0";
+    c.seed = fnv1a(c.name);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Every head-dim pair: bf16 (fp16 where bf16 has no softcap units) with every
+// case, then the other dtype, where built, with the reduced set.
+class SoftcapBwdHeadDims : public ::testing::TestWithParam<HeadDims> {};
+
+TEST_P(SoftcapBwdHeadDims, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const HeadDims h = GetParam();
+  const int ran = run_per_dtype([&](DType dt) { return softcap_built(dt, h, true); },
+                                [&](DType dt, bool full) { return softcap_cases(dt, h, full); },
+                                [](const Case& c) { check_case(c); });
+  if (ran == 0)
+    GTEST_SKIP() << "not built: no forward + backward softcap kernel pair " << head_dims_name(h)
+                 << " (FLASH3_FEATURES / FLASH3_HDIMS)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Softcap, SoftcapBwdHeadDims, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
+
+// The first pair with softcap units, preferring bf16 d = 128.
+bool pick_softcap_built(DType* dt, HeadDims* hd) {
+  const HeadDims prefs[] = {{128, 128}, {64, 64}, {256, 256}, {96, 96}, {192, 192}, {192, 128}};
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (const HeadDims& h : prefs)
+      if (softcap_built(t, h, true)) {
+        *dt = t, *hd = h;
+        return true;
+      }
+  return false;
+}
+
+// Deterministic mode with softcap: bitwise identical dq / dk / dv over 3 runs,
+// and the result passes the tolerance rule (causal MQA with dlse; local window
+// GQA with a saturating cap and explicit scale).
+TEST(SoftcapBwd, DeterministicBitwise) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  DType dt;
+  HeadDims hd;
+  if (!pick_softcap_built(&dt, &hd)) GTEST_SKIP() << "not built: no forward + backward softcap kernel pair";
+  struct S {
+    const char* tag;
+    int b, sq, sk, hq, hkv;
+    SoftcapMask m;
+    float cap, scale;
+    bool dlse;
+  };
+  const S shapes[] = {{"causal_mqa4x1_cap5", 2, 300, 300, 4, 1, kSoftcapMasks[1], 5.f, flash3::gpuref::kDefaultScale, true},
+                      {"local_gqa4x2_cap1", 1, 200, 450, 4, 2, kSoftcapMasks[2], 1.f, 1.f, false}};
+  for (const S& s : shapes) {
+    Case c;
+    c.dtype = dt, c.d = hd.d, c.dv = hd.dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+    c.causal = s.m.causal, c.wl = s.m.wl, c.wr = s.m.wr;
+    c.softcap = s.cap, c.scale = s.scale, c.with_dlse = s.dlse;
+    c.deterministic = true;
+    c.name = std::string("bwd_softcap_deterministic_") + head_dims_name(hd) + "_" + s.tag;
+    c.seed = fnv1a(c.name);
+    SCOPED_TRACE(c.describe());
+    Buffers b;
+    ASSERT_TRUE(upload_inputs(c, &b));
+    DeviceState& ds = dev();
+    const Plan& p = b.plan;
+    const flash3::Status fs = run_forward(c, p);
+    ASSERT_TRUE(fs.ok()) << fs.message;
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 3; ++run) {
+      const flash3::Status st = run_backward(c, p, ds.grad.ptr);
+      ASSERT_TRUE(st.ok()) << "run " << run << ": " << st.message;
+      ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+      std::vector<uint16_t> h = fetch_grad(p, ds.grad.ptr);
+      if (run == 0) {
+        first = std::move(h);
+        continue;
+      }
+      int64_t diff = 0;
+      for (size_t i = 0; i < h.size(); ++i) diff += h[i] != first[i];
+      EXPECT_EQ(diff, 0) << c.describe() << ": deterministic run " << run << " differs from run 0 in " << diff
+                         << " elements of the gradient allocation";
+    }
+    ASSERT_TRUE(run_references(c, p));
+    check_gradients(c, p, first);
+    if (HasFatalFailure()) return;
+  }
 }
 
 }  // namespace

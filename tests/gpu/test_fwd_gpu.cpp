@@ -64,6 +64,7 @@ struct Case {
   bool causal = false;
   int wl = -1, wr = -1;
   float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
+  float softcap = 0.f;                          // opts.softcap; 0: off
   Layout layout = Layout::kContiguous;
   uint64_t seed = 1;
   std::string name;
@@ -72,7 +73,9 @@ struct Case {
     std::ostringstream os;
     os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
        << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
-       << ") scale=" << scale << " layout=" << layout_name(layout) << " seed=" << seed << "]";
+       << ") scale=" << scale;
+    if (softcap > 0.f) os << " softcap=" << softcap;
+    os << " layout=" << layout_name(layout) << " seed=" << seed << "]";
     return os.str();
   }
 };
@@ -155,6 +158,7 @@ flash3::ForwardArgs make_args(const Case& c, const Plan& p, void* in, void* out,
   a.opts.window_left = c.wl;
   a.opts.window_right = c.wr;
   a.opts.softmax_scale = c.scale;
+  a.opts.softcap = c.softcap;
   return a;
 }
 
@@ -183,6 +187,7 @@ flash3::gpuref::Args make_ref_args(const Case& c, const Plan& p, const void* in,
   r.window_left = c.wl;
   r.window_right = c.wr;
   r.softmax_scale = c.scale;
+  r.softcap = c.softcap;
   r.out = out;
   r.lse = lse;
   return r;
@@ -261,7 +266,7 @@ void check_case(const Case& c, const ForwardCall& call = {}) {
   {
     const std::vector<double> ours = extract(h_out, p.o, c.dtype);
     const std::vector<double> ref = to_double(h_ref_o), low = to_double(h_low_o);
-    const Verdict v = judge("O", ours, ref, low, kEpsO, [&](size_t i) { return where_o(c, i); });
+    const Verdict v = judge("O", ours, ref, low, kEpsO, [&](size_t i) { return where_o(c, i); }, tol_factor(c));
     ::testing::Test::RecordProperty("o_err", std::to_string(v.r.err));
     ::testing::Test::RecordProperty("o_baseline", std::to_string(v.r.base_err));
     EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
@@ -271,7 +276,8 @@ void check_case(const Case& c, const ForwardCall& call = {}) {
     std::vector<double> ours(n_lse);
     for (size_t i = 0; i < n_lse; ++i) ours[i] = tu::bits_f32(h_lse_bits[i]);
     const std::vector<double> ref = to_double(h_ref_lse), low = to_double(h_low_lse);
-    const Verdict v = judge("LSE", ours, ref, low, kEpsLse, [&](size_t i) { return where_lse(c, i); });
+    const Verdict v =
+        judge("LSE", ours, ref, low, kEpsLse, [&](size_t i) { return where_lse(c, i); }, tol_factor(c));
     ::testing::Test::RecordProperty("lse_err", std::to_string(v.r.err));
     ::testing::Test::RecordProperty("lse_baseline", std::to_string(v.r.base_err));
     EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
@@ -429,6 +435,7 @@ TEST(GpuReference, MatchesCpuFloat64) {
     Layout layout;
     float scale = flash3::gpuref::kDefaultScale;
     const char* tag = "";  // name suffix (the name seeds the inputs)
+    float softcap = 0.f;
   };
   const S shapes[] = {
       {DType::kBFloat16, 2, 37, 53, 4, 2, 64, 64, true, -1, -1, Layout::kPadded},            // causal, GQA, sq < sk
@@ -445,6 +452,10 @@ TEST(GpuReference, MatchesCpuFloat64) {
       // softmax_scale used as given, 0 included (uniform attention).
       {DType::kBFloat16, 2, 50, 61, 2, 1, 128, 128, true, -1, -1, Layout::kContiguous, 0.3f, "_scale0.3"},
       {DType::kFloat16, 1, 33, 70, 2, 2, 64, 64, false, 20, 5, Layout::kContiguous, 0.f, "_scale0"},
+      // Softcap: s -> softcap * tanh(s / softcap) after scaling (1: saturated scores).
+      {DType::kBFloat16, 1, 70, 70, 2, 2, 96, 96, true, -1, -1, Layout::kPackedQKV, kNaN, "_softcap5", 5.f},
+      {DType::kFloat16, 2, 45, 130, 4, 1, 128, 128, false, 30, 10, Layout::kPadded, 1.f, "_softcap1_scale1", 1.f},
+      {DType::kBFloat16, 1, 100, 30, 2, 2, 192, 128, false, -1, -1, Layout::kContiguous, 0.f, "_softcap30_scale0", 30.f},
   };
   for (const S& s : shapes) {
     Case c;
@@ -452,6 +463,7 @@ TEST(GpuReference, MatchesCpuFloat64) {
     c.sk = s.sk;
     c.causal = s.causal, c.wl = s.wl, c.wr = s.wr;
     c.scale = s.scale;
+    c.softcap = s.softcap;
     c.layout = s.layout;
     if (c.layout == Layout::kPackedQKV) {
       ASSERT_TRUE(c.hq == c.hkv && c.d == c.dv && c.sq == c.sk) << "packed q/k/v needs hq == hkv, d == dv, sq == sk";
@@ -483,6 +495,7 @@ TEST(GpuReference, MatchesCpuFloat64) {
     flash3::ref::Options opt;
     opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr;
     opt.softmax_scale = c.scale;
+    opt.softcap = c.softcap;
     const std::vector<double> q = extract(b.host_in, p.q, c.dtype), k = extract(b.host_in, p.k, c.dtype),
                               v = extract(b.host_in, p.v, c.dtype);
     std::vector<double> o64(n_o), lse64(n_lse), olow64(n_o), lselow64(n_lse);
@@ -1006,5 +1019,85 @@ TEST(FwdGpu, OutputAliasingIsRejected) {
   EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
+
+// ===========================================================================
+// Softcap: opts.softcap > 0 caps the scaled scores, s -> softcap * tanh(s /
+// softcap), before the mask and the softmax (LSE of the capped scores). The
+// softcap kernels are units of their own (FLASH3_FEATURES): a (dtype, head
+// dims) pair runs here only where variants.txt lists its "fwd ... softcap"
+// unit (and the plain kernel is built). Checked like every other case against
+// the fp32 GPU reference (which applies the same cap) under the tolerance rule.
+// ===========================================================================
+struct SoftcapShape {
+  const char* tag;
+  int b, sq, sk, hq, hkv;
+  Layout layout;  // kPackedQKV falls back to kContiguous where d != dv
+  float scale;    // NaN: 1/sqrt(d)
+};
+// sq not a multiple of 64, sk not a multiple of any tile, sq > sk (causal: fully
+// masked rows), decode-like, several KV blocks; MHA, GQA, MQA; default and
+// explicit softmax_scale (1.0: scores of std ~sqrt(d), where every cap bites).
+constexpr SoftcapShape kSoftcapShapes[] = {
+    {"sq128_sk128_mha2x2", 2, 128, 128, 2, 2, Layout::kPackedQKV, kNaN},
+    {"sq113_sk203_mqa4x1", 2, 113, 203, 4, 1, Layout::kPadded, 0.3f},
+    {"sq300_sk177_gqa4x2", 1, 300, 177, 4, 2, Layout::kContiguous, kNaN},
+    {"sq1_sk257_mqa4x1", 2, 1, 257, 4, 1, Layout::kContiguous, 1.f},
+    {"sq257_sk1100_gqa4x2", 1, 257, 1100, 4, 2, Layout::kPadded, 1.f},
+};
+
+// The softcap cases of one (dtype, head dims) pair. full: every mask x shape
+// (15) plus softmax_scale 0 (uniform attention); else the 5 of them with shape
+// index % 3 == mask index. The cap cycles so that every mask sees every cap.
+std::vector<Case> softcap_cases(DType dt, HeadDims h, bool full) {
+  std::vector<Case> out;
+  constexpr int kShapes = int(sizeof(kSoftcapShapes) / sizeof(kSoftcapShapes[0]));
+  for (int m = 0; m < 3; ++m)
+    for (int si = 0; si < kShapes; ++si) {
+      if (!full && si % 3 != m) continue;
+      const SoftcapShape& s = kSoftcapShapes[si];
+      const SoftcapMask& mk = kSoftcapMasks[m];
+      Case c;
+      c.dtype = dt, c.d = h.d, c.dv = h.dv;
+      c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
+      c.causal = mk.causal, c.wl = mk.wl, c.wr = mk.wr;
+      c.layout = s.layout == Layout::kPackedQKV && (h.d != h.dv || s.hq != s.hkv || s.sq != s.sk) ? Layout::kContiguous
+                                                                                                   : s.layout;
+      c.scale = s.scale;
+      c.softcap = kSoftcaps[(m + si) % 3];
+      c.name = "softcap" + num_name(c.softcap) + "_" + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + mk.name +
+               "_" + s.tag + (std::isnan(s.scale) ? "" : "_scale" + num_name(s.scale));
+      c.seed = fnv1a(c.name);
+      out.push_back(c);
+    }
+  if (full) {  // softmax_scale 0: every capped score is 0, out = mean of the visible values
+    Case c;
+    c.dtype = dt, c.d = h.d, c.dv = h.dv;
+    c.batch = 2, c.sq = 300, c.sk = 177, c.hq = 4, c.hkv = 2;
+    c.causal = true;
+    c.scale = 0.f;
+    c.softcap = 5.f;
+    c.name = "softcap5_" + std::string(tu::short_dtype(dt)) + "_" + head_dims_name(h) + "_causal_scale0";
+    c.seed = fnv1a(c.name);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Every head-dim pair: bf16 (fp16 where bf16 has no softcap unit) with every
+// case, then the other dtype, where built, with the reduced set.
+class SoftcapFwdHeadDims : public ::testing::TestWithParam<HeadDims> {};
+
+TEST_P(SoftcapFwdHeadDims, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const HeadDims h = GetParam();
+  const int ran = run_per_dtype([&](DType dt) { return softcap_built(dt, h, false); },
+                                [&](DType dt, bool full) { return softcap_cases(dt, h, full); },
+                                [](const Case& c) { check_case(c); });
+  ::testing::Test::RecordProperty("cases", std::to_string(ran));
+  if (ran == 0)
+    GTEST_SKIP() << "not built: no forward softcap kernel " << head_dims_name(h) << " (FLASH3_FEATURES / FLASH3_HDIMS)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Softcap, SoftcapFwdHeadDims, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
 
 }  // namespace

@@ -77,6 +77,7 @@ struct VCase {
   bool causal = false;
   int wl = -1, wr = -1;
   float scale = flash3::gpuref::kDefaultScale;  // NaN: 1/sqrt(d)
+  float softcap = 0.f;                          // opts.softcap; 0: off
   std::vector<int> len_q, len_k;    // rows of each sequence (cu_seqlens differences)
   std::vector<int> used_q, used_k;  // seqused_q / seqused_k; empty: not passed
   int max_pad = 0;                  // max_seqlen_* = longest sequence + max_pad (overstated when > 0)
@@ -118,8 +119,9 @@ struct VCase {
   std::string describe() const {
     std::ostringstream os;
     os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " hq=" << hq << " hkv=" << hkv
-       << " causal=" << causal << " window=(" << wl << "," << wr << ") scale=" << scale
-       << " layout=" << layout_name(layout) << " lse=" << (store_lse ? "yes" : "no") << " grad_layout="
+       << " causal=" << causal << " window=(" << wl << "," << wr << ") scale=" << scale;
+    if (softcap > 0.f) os << " softcap=" << softcap;
+    os << " layout=" << layout_name(layout) << " lse=" << (store_lse ? "yes" : "no") << " grad_layout="
        << layout_name(grad_layout) << " dlse=" << with_dlse << " deterministic=" << deterministic << " max_seqlen=("
        << max_q() << "," << max_k() << ") seed=" << seed << "; (len_q[/used_q], len_k[/used_k]):";
     for (int b = 0; b < n(); ++b) {
@@ -267,6 +269,7 @@ void set_varlen_opts(const VCase& c, const VPlan& p, void* meta, flash3::Attenti
   o->window_left = c.wl;
   o->window_right = c.wr;
   o->softmax_scale = c.scale;
+  o->softcap = c.softcap;
   o->cu_seqlens_q = m + p.m_cu_q;
   o->cu_seqlens_k = m + p.m_cu_k;
   o->seqused_q = c.used_q.empty() ? nullptr : m + p.m_used_q;
@@ -368,6 +371,7 @@ std::vector<double> to_double16(const std::vector<uint16_t>& x, DType dt) {
     pr.head_dim = c.d, pr.head_dim_v = c.dv;
     flash3::ref::Options opt;
     opt.softmax_scale = c.scale;
+    opt.softcap = c.softcap;
     opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr;
     const std::vector<double> q = to_double16(q16, c.dtype), k = to_double16(k16, c.dtype),
                               v = to_double16(v16, c.dtype);
@@ -410,6 +414,7 @@ std::vector<double> to_double16(const std::vector<uint16_t>& x, DType dt) {
   ra.k = dense(base + k_off, sk, c.hkv, c.d);
   ra.v = dense(base + v_off, sk, c.hkv, c.dv);
   ra.softmax_scale = c.scale;
+  ra.softcap = c.softcap;
   ra.causal = c.causal, ra.window_left = c.wl, ra.window_right = c.wr;
   flash3::gpuref::Args la = ra;
   ra.out = d.ref_o.as<float>(), ra.lse = d.ref_lse.as<float>();
@@ -540,7 +545,7 @@ void check_result(const VCase& c, const VBuffers& b, const Downloaded& h, CheckS
          << ", c=" << int64_t(i) % c.dv << ")";
       return os.str();
     };
-    const Verdict vo = judge("O", o, ref.o, ref.low_o, kEpsO, where_o);
+    const Verdict vo = judge("O", o, ref.o, ref.low_o, kEpsO, where_o, tol_factor(c));
     EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vo.text;
     std::vector<double> l;
     if (c.store_lse) {
@@ -550,7 +555,7 @@ void check_result(const VCase& c, const VBuffers& b, const Downloaded& h, CheckS
         os << "(seq=" << s << ", h=" << int64_t(i) / sq << ", row=" << int64_t(i) % sq << ")";
         return os.str();
       };
-      const Verdict vl = judge("LSE", l, ref.lse, ref.low_lse, kEpsLse, where_l);
+      const Verdict vl = judge("LSE", l, ref.lse, ref.low_lse, kEpsLse, where_l, tol_factor(c));
       EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vl.text;
       if (sum) sum->lse_base = std::max(sum->lse_base, vl.r.base_err);
     }
@@ -813,6 +818,8 @@ TEST(VarlenGpu, PerSequenceReferenceIsConsistent) {
     pr.cu_seqlens_q = b.plan.cu_q, pr.cu_seqlens_k = b.plan.cu_k;
     flash3::ref::Options opt;
     opt.causal = c.causal, opt.window_left = c.wl, opt.window_right = c.wr;
+    opt.softmax_scale = c.scale;
+    opt.softcap = c.softcap;
     const std::vector<double> q = extract(b.host_in, b.plan.q, t), k = extract(b.host_in, b.plan.k, t),
                               v = extract(b.host_in, b.plan.v, t);
     std::vector<double> o(pr.o_elems()), l(pr.lse_elems());
@@ -1059,6 +1066,7 @@ TEST(VarlenGpu, EqualLengthsMatchFixedLength) {
       a.out = view4(ds.out2.ptr, p.o);
       a.lse = TensorView::make3d(ds.lse2.ptr, DType::kFloat32, n, c.hq, L, int64_t(c.hq) * L, L, 1);
       a.opts.causal = c.causal, a.opts.window_left = c.wl, a.opts.window_right = c.wr;
+      a.opts.softmax_scale = c.scale, a.opts.softcap = c.softcap;
       poison_outputs(p, ds.out2.ptr, ds.lse2.as<float>(), ds.stream);
       const flash3::Status sf = flash3::forward(a, ds.stream);
       ASSERT_TRUE(sf.ok()) << "fixed-length forward: " << sf.message;
@@ -1521,6 +1529,7 @@ flash3::gpuref::Strided16 dense16(const uint16_t* p, int64_t rows, int64_t h, in
   ra.dout = dense16(base + o_off, sq, c.hq, c.dv);
   ra.dlse = c.with_dlse ? d.seq_dlse.as<float>() : nullptr;
   ra.softmax_scale = c.scale;
+  ra.softcap = c.softcap;
   ra.causal = c.causal, ra.window_left = c.wl, ra.window_right = c.wr;
   ra.dq = d.ref_g[0].as<float>(), ra.dk = d.ref_g[1].as<float>(), ra.dv = d.ref_g[2].as<float>();
   const size_t need = flash3::gpuref::backward_scratch_bytes(ra);
@@ -1679,7 +1688,7 @@ void check_grads(const VCase& c, const BBuffers& b, const std::vector<uint16_t>&
         return os.str();
       };
       const double eps = grad_eps(ref.ref[g], c.dtype);
-      const Verdict vd = judge(kGradNames[g], ours[g], ref.ref[g], ref.low[g], eps, where);
+      const Verdict vd = judge(kGradNames[g], ours[g], ref.ref[g], ref.low[g], eps, where, tol_factor(c));
       EXPECT_TRUE(vd.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vd.text;
       if (sum) {
         sum->base[g] = std::max(sum->base[g], vd.r.base_err);
@@ -2073,6 +2082,7 @@ TEST(VarlenBwdGpu, EqualLengthsMatchFixedLength) {
       fa.out = view4(ds.out2.ptr, p.o);
       fa.lse = TensorView::make3d(ds.lse2.ptr, DType::kFloat32, n, c.hq, L, int64_t(c.hq) * L, L, 1);
       fa.opts.causal = c.causal, fa.opts.window_left = c.wl, fa.opts.window_right = c.wr;
+      fa.opts.softmax_scale = c.scale, fa.opts.softcap = c.softcap;
       poison_outputs(p, ds.out2.ptr, ds.lse2.as<float>(), ds.stream);
       const flash3::Status sf = flash3::forward(fa, ds.stream);
       ASSERT_TRUE(sf.ok()) << "fixed-length forward: " << sf.message;
@@ -2459,5 +2469,105 @@ TEST(VarlenBwdGpu, HostOrMisalignedSeqlensAreRejected) {
   EXPECT_EQ(host_meta, p.meta);
   if (built) check_bwd_case(c);
 }
+
+// ===========================================================================
+// SOFTCAP (varlen): opts.softcap > 0 caps the scaled scores, s -> softcap *
+// tanh(s / softcap), per sequence; forward and backward. A (dtype, head dims)
+// pair runs only where variants.txt lists its softcap units (FLASH3_FEATURES:
+// "fwd ... softcap" for the forward; that and "bwd ... softcap" for the
+// backward) and the plain kernels are built. The per-sequence references
+// (float64 CPU for the small sequences, fp32 GPU for the others) apply the
+// same cap.
+// ===========================================================================
+// The softcap batches of one (dtype, head dims) pair (the first two only unless
+// full): mixed lengths with empty q, empty k, 1 x 1 and tile edges; no mask,
+// causal, local + seqused; MHA / GQA / MQA; caps 1, 5, 30; default and
+// explicit softmax_scale. For the backward: dlse on two, strided gradients on
+// one, deterministic mode on one.
+std::vector<VCase> softcap_vcases(DType t, HeadDims h, bool full, bool backward) {
+  std::vector<VCase> out;
+  const std::string prefix =
+      std::string(backward ? "bwd_" : "") + "varlen_softcap_" + tu::short_dtype(t) + "_" + head_dims_name(h) + "_";
+  auto base = [&](const std::string& tag, int hq, int hkv) {
+    VCase c;
+    c.dtype = t, c.d = h.d, c.dv = h.dv, c.hq = hq, c.hkv = hkv;
+    c.name = prefix + tag;
+    c.seed = fnv1a(c.name);
+    return c;
+  };
+  {  // No mask, MHA; empty q, 1 x 1, tile edges, q rows with no key (out = 0, lse = -inf; dq = 0).
+    VCase c = base("cap5_nomask_mha2x2_b6", 2, 2);
+    c.len_q = {0, 1, 63, 130, 200, 3};
+    c.len_k = {5, 1, 64, 0, 257, 129};
+    c.softcap = 5.f;
+    c.with_dlse = backward;
+    out.push_back(c);
+  }
+  {  // Causal, MQA, strided; q longer than k (fully masked rows); peaked scores (scale 1).
+    VCase c = base("cap30_causal_mqa4x1_scale1_b5", 4, 1);
+    c.len_q = {1, 0, 129, 77, 300};
+    c.len_k = {1, 9, 65, 200, 180};
+    c.layout = Layout::kPadded;
+    c.causal = true;
+    c.softcap = 30.f;
+    c.scale = 1.f;
+    c.deterministic = backward;
+    out.push_back(c);
+  }
+  if (!full) return out;
+  {  // Local window, GQA, seqused_q / seqused_k; a saturating cap.
+    VCase c = base("cap1_local40x10_gqa4x2_seqused_b4", 4, 2);
+    c.len_q = {65, 1, 200, 0};
+    c.len_k = {200, 1, 63, 17};
+    c.used_q = {60, 1, 200, 0};
+    c.used_k = {150, 1, 63, 17};
+    c.wl = 40, c.wr = 10;
+    c.softcap = 1.f;
+    c.grad_layout = Layout::kPadded;
+    c.with_dlse = backward;
+    out.push_back(c);
+  }
+  {  // Causal, MHA, explicit scale, a sequence with queries but no key.
+    VCase c = base("cap1_causal_mha4x4_scale0.3_b3", 4, 4);
+    c.len_q = {17, 255, 1};
+    c.len_k = {300, 31, 0};
+    c.causal = true;
+    c.softcap = 1.f;
+    c.scale = 0.3f;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Every head-dim pair: bf16 (fp16 where bf16 has no softcap unit) with every
+// batch, then the other dtype, where built, with the first two.
+class VarlenSoftcap : public ::testing::TestWithParam<HeadDims> {};
+
+TEST_P(VarlenSoftcap, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const HeadDims h = GetParam();
+  const int ran = run_per_dtype([&](DType dt) { return softcap_built(dt, h, false); },
+                                [&](DType dt, bool full) { return softcap_vcases(dt, h, full, /*backward=*/false); },
+                                [](const VCase& c) { check_vcase(c); });
+  if (ran == 0)
+    GTEST_SKIP() << "not built: no forward softcap kernel " << head_dims_name(h) << " (FLASH3_FEATURES / FLASH3_HDIMS)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Softcap, VarlenSoftcap, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
+
+class VarlenBwdSoftcap : public ::testing::TestWithParam<HeadDims> {};
+
+TEST_P(VarlenBwdSoftcap, MatchesReference) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  const HeadDims h = GetParam();
+  const int ran = run_per_dtype([&](DType dt) { return softcap_built(dt, h, true); },
+                                [&](DType dt, bool full) { return softcap_vcases(dt, h, full, /*backward=*/true); },
+                                [](const VCase& c) { check_bwd_case(c); });
+  if (ran == 0)
+    GTEST_SKIP() << "not built: no forward + backward softcap kernel pair " << head_dims_name(h)
+                 << " (FLASH3_FEATURES / FLASH3_HDIMS)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Softcap, VarlenBwdSoftcap, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The (head_dim, head_dim_v) pairs that have kernels (tools/manifest.py, HDIMS),
-// for the host tests that check a property of every variant's configuration.
+// The (head_dim, head_dim_v) pairs that have kernels (tools/manifest.py, HDIMS,
+// through the generated head_dims.inc), for the host tests that check a
+// property of every variant's configuration.
 #pragma once
 #include <cstddef>
 #include <type_traits>
@@ -7,7 +8,11 @@
 
 namespace flash3_test {
 
-inline constexpr int kHeadDimPairs[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+inline constexpr int kHeadDimPairs[][2] = {
+#define FLASH3_HEAD_DIM(D, DV) {D, DV},
+#include "head_dims.inc"
+#undef FLASH3_HEAD_DIM
+};
 inline constexpr std::size_t kNumHeadDimPairs = sizeof(kHeadDimPairs) / sizeof(kHeadDimPairs[0]);
 
 template <class F, std::size_t... I>

@@ -20,6 +20,7 @@
 #include "api/validate.h"
 #include "common/params.h"
 #include "flash3/flash3.h"
+#include "launch/dispatch.h"
 
 namespace {
 
@@ -133,6 +134,35 @@ void expect_valid_forward(const ForwardArgs& a) {
   } else {
     EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"not built"}));
   }
+}
+
+// Whether the softcap unit (the manifest's "softcap" feature, FLASH3_FEATURES)
+// of a pass is built for (dt, d, dv).
+bool softcap_built(bool forward_pass, DType dt, int d, int dv) {
+  return forward_pass ? flash3::fwd_kernel_built(dt, d, dv, flash3::ScoreModKind::kSoftcap)
+                      : flash3::bwd_kernel_built(dt, d, dv, flash3::ScoreModKind::kSoftcap);
+}
+
+// The kernel check's answer (validate_forward / validate_backward) for a
+// request that is otherwise valid: the plain kernel not built -> the plain
+// "... is not built" NotSupported, whatever softcap is (checked first);
+// softcap > 0 without its unit -> NotSupported naming opts.softcap and
+// FLASH3_FEATURES; Ok otherwise.
+::testing::AssertionResult IsKernelCheckAnswer(const Status& s, bool forward_pass, DType dt, int d, int dv,
+                                               float softcap) {
+  const bool plain = forward_pass ? flash3::forward_is_built(dt, d, dv) : flash3::backward_is_built(dt, d, dv);
+  if (!plain) {
+    ::testing::AssertionResult r =
+        IsError(s, StatusCode::kNotSupported, {forward_pass ? "forward kernel" : "backward kernel", "not built"});
+    if (!r) return r;
+    if (s.message.find("opts.softcap") != std::string::npos)
+      return ::testing::AssertionFailure() << "the plain kernel's answer comes first, got \"" << s.message << "\"";
+    return ::testing::AssertionSuccess();
+  }
+  if (softcap > 0.f && !softcap_built(forward_pass, dt, d, dv))
+    return IsError(s, StatusCode::kNotSupported,
+                   {"opts.softcap", forward_pass ? "forward" : "backward", "not built", "FLASH3_FEATURES"});
+  return IsOk(s);
 }
 
 class ValidationForward : public ::testing::Test {
@@ -769,14 +799,21 @@ TEST_F(ValidationForward, VarlenEmptyReturnsOkWithoutLaunch) {
 }
 
 TEST_F(ValidationForward, VarlenForwardIsSupported) {
-  // The old "not supported yet: varlen" answer is gone; softcap still is not.
-  ForwardArgs a = make_varlen();
-  a.opts.softcap = 30.f;
-  const Status s = flash3::forward(a, nullptr);
-  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
-  EXPECT_EQ(s.message.find("varlen"), std::string::npos) << s.message;
-  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
-    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"softcap"}));
+  // The old "not supported yet: varlen" / "not supported yet: softcap" answers
+  // are gone: a varlen request with softcap passes wherever its units are built.
+  for (float softcap : {0.f, 5.f, 30.f}) {
+    ForwardArgs a = make_varlen();
+    a.opts.softcap = softcap;
+    a.opts.causal = softcap == 5.f;
+    EXPECT_TRUE(IsOk(flash3::check_forward_structure(a))) << softcap;
+    const Status s = flash3::validate_forward(a);
+    EXPECT_TRUE(IsKernelCheckAnswer(s, true, DType::kBFloat16, 64, 64, softcap)) << softcap;
+    EXPECT_EQ(s.message.find("not supported yet: softcap"), std::string::npos) << s.message;
+    EXPECT_EQ(s.message.find("varlen"), std::string::npos) << s.message;
+    // forward() gives the same answer where it is an error (nothing launched).
+    if (!s.ok()) {
+      EXPECT_TRUE(IsError(flash3::forward(a, nullptr), s.code, {s.message.c_str()})) << softcap;
+    }
   }
 }
 
@@ -794,11 +831,22 @@ TEST_F(ValidationBackward, VarlenBackwardValidatesAndSizesScratch) {
   // Validation first.
   a.dq.dtype = DType::kFloat16;
   EXPECT_TRUE(IsError(flash3::backward(a, nullptr), StatusCode::kInvalidArgument, {"dq.dtype"}));
-  // softcap keeps its own answer (after the kernel check: a built backward).
-  if (flash3::backward_is_built(DType::kBFloat16, 64, 64)) {
+  // softcap: valid wherever its backward unit is built; the plain "not built"
+  // answer first. backward() checks the workspace after validation, so a
+  // too-small one proves a built softcap request gets past the kernel check
+  // (nothing launched).
+  {
     BackwardArgs c = make_varlen_bwd();
     c.opts.softcap = 30.f;
-    EXPECT_TRUE(IsError(flash3::backward(c, nullptr), StatusCode::kNotSupported, {"softcap"}));
+    const Status s = flash3::validate_backward(c);
+    EXPECT_TRUE(IsKernelCheckAnswer(s, false, DType::kBFloat16, 64, 64, 30.f));
+    c.workspace = fake(0xE000000);
+    c.workspace_bytes = flash3::backward_workspace_size(c) - 1;
+    if (s.ok()) {
+      EXPECT_TRUE(IsError(flash3::backward(c, nullptr), StatusCode::kInvalidArgument, {"workspace", "needed"}));
+    } else {
+      EXPECT_TRUE(IsError(flash3::backward(c, nullptr), s.code, {s.message.c_str()}));
+    }
   }
   // Scratch: the per-query-block arrays of total_q / tile_m + sequences blocks
   // plus the prep kernel's maps; more sequences need more.
@@ -843,15 +891,101 @@ TEST_F(ValidationForward, EmptyProblemStillValidated) {
   EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"k.dtype"}));
 }
 
-TEST_F(ValidationForward, SoftcapNotSupportedYet) {
-  ForwardArgs a = make_fwd();
-  a.opts.softcap = 30.f;
-  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
-  const Status s = flash3::forward(a, nullptr);
-  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
-  if (flash3::forward_is_built(DType::kBFloat16, 64, 64)) {
-    EXPECT_TRUE(IsError(s, StatusCode::kNotSupported, {"softcap"}));
+TEST_F(ValidationForward, SoftcapIsValidWhereBuilt) {
+  // Every mask, GQA / MHA, both dtypes, a d != dv pair, softmax_scale 0 and
+  // explicit: valid arguments; the kernel check decides (IsKernelCheckAnswer).
+  struct Case {
+    DType dt;
+    int64_t d, dv, hkv;
+  };
+  const Case cases[] = {{DType::kBFloat16, 64, 64, 2},
+                        {DType::kBFloat16, 128, 128, 2},
+                        {DType::kFloat16, 128, 128, 8},
+                        {DType::kBFloat16, 192, 128, 1},
+                        {DType::kFloat16, 256, 256, 2}};
+  for (const Case& c : cases)
+    for (float softcap : {0.f, 1.f, 5.f, 30.f})
+      for (int mask = 0; mask < 3; ++mask) {
+        Dims p;
+        p.dt = c.dt;
+        p.d = c.d;
+        p.dv = c.dv;
+        p.hkv = c.hkv;
+        ForwardArgs a = make_fwd(p);
+        a.opts.softcap = softcap;
+        a.opts.causal = mask == 1;
+        if (mask == 2) {
+          a.opts.window_left = 32;
+          a.opts.window_right = 0;
+          a.opts.softmax_scale = 0.f;
+        }
+        const std::string what = "d " + std::to_string(c.d) + " dv " + std::to_string(c.dv) + " softcap " +
+                                 std::to_string(softcap) + " mask " + std::to_string(mask);
+        EXPECT_TRUE(IsOk(flash3::check_forward_structure(a))) << what;
+        const Status s = flash3::validate_forward(a);
+        EXPECT_TRUE(IsKernelCheckAnswer(s, true, c.dt, int(c.d), int(c.dv), softcap)) << what;
+        EXPECT_EQ(s.message.find("not supported yet: softcap"), std::string::npos) << s.message;
+        // forward() gives the same answer where it is an error (nothing launched).
+        if (!s.ok()) {
+          EXPECT_TRUE(IsError(flash3::forward(a, nullptr), s.code, {s.message.c_str()})) << what;
+        }
+
+        BackwardArgs b = make_bwd(p);
+        b.opts = a.opts;
+        EXPECT_TRUE(IsOk(flash3::check_backward_structure(b))) << what;
+        const Status sb = flash3::validate_backward(b);
+        EXPECT_TRUE(IsKernelCheckAnswer(sb, false, c.dt, int(c.d), int(c.dv), softcap)) << what;
+        if (!sb.ok()) {
+          EXPECT_TRUE(IsError(flash3::backward(b, nullptr), sb.code, {sb.message.c_str()})) << what;
+        }
+      }
+}
+
+TEST_F(ValidationForward, BadSoftcapBeforeTheKernelCheck) {
+  // A bad value is InvalidArgument on every build, even for a head dim that
+  // has no kernel (the structural checks come before the kernel check).
+  Dims p;
+  p.dt = DType::kFloat16;
+  p.d = 32;
+  p.dv = 32;
+  for (float bad : {-1.f, -std::numeric_limits<float>::min(), std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
+    ForwardArgs a = make_fwd(p);
+    a.opts.softcap = bad;
+    EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.softcap"})) << bad;
+    EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {"opts.softcap"})) << bad;
+    BackwardArgs b = make_bwd(p);
+    b.opts.softcap = bad;
+    EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {"opts.softcap"})) << bad;
+    EXPECT_TRUE(IsError(flash3::backward(b, nullptr), StatusCode::kInvalidArgument, {"opts.softcap"})) << bad;
   }
+}
+
+// The kernel check's feature axis, directly: for every manifest (dtype, d, dv)
+// and a pair never built, softcap 0 is the plain answer and softcap > 0 needs
+// the softcap unit; the public *_is_built() report the plain kernels.
+TEST(KernelCheck, SoftcapFeatureAxis) {
+  const std::pair<int, int> dims[] = {  // every manifest pair (head_dims.inc) and one never built
+#define FLASH3_HEAD_DIM(D, DV) {D, DV},
+#include "head_dims.inc"
+#undef FLASH3_HEAD_DIM
+      {32, 32}};
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (const auto& [d, dv] : dims)
+      for (bool fwd : {true, false}) {
+        const std::string what = std::string(fwd ? "fwd " : "bwd ") + std::to_string(int(dt)) + " " +
+                                 std::to_string(d) + "x" + std::to_string(dv);
+        EXPECT_EQ(fwd ? flash3::forward_is_built(dt, d, dv) : flash3::backward_is_built(dt, d, dv),
+                  fwd ? flash3::fwd_kernel_built(dt, d, dv) : flash3::bwd_kernel_built(dt, d, dv))
+            << what;
+        for (float softcap : {0.f, 5.f, 30.f})
+          EXPECT_TRUE(IsKernelCheckAnswer(flash3::check_kernel_built(fwd, dt, d, dv, softcap), fwd, dt, d, dv, softcap))
+              << what << " softcap " << softcap;
+        EXPECT_TRUE(IsKernelCheckAnswer(flash3::check_kernel_built(fwd, dt, d, dv), fwd, dt, d, dv, 0.f)) << what;
+      }
+  // Never built: head_dim 32.
+  EXPECT_FALSE(softcap_built(true, DType::kFloat16, 32, 32));
+  EXPECT_FALSE(softcap_built(false, DType::kBFloat16, 32, 32));
 }
 
 TEST_F(ValidationForward, BuiltListNamesKernelsOrNone) {
@@ -887,10 +1021,21 @@ TEST_F(ValidationBackward, WorkspaceSizeSoftcapAndTooSmallWorkspace) {
   BackwardArgs no_q = a;
   no_q.q = TensorView{};
   EXPECT_EQ(flash3::backward_workspace_size(no_q), 0u);
-  if (!flash3::backward_is_built(DType::kBFloat16, 64, 64)) GTEST_SKIP() << "not built: backward bf16 64x64";
+  // softcap changes no scratch (the same tiles and arrays).
   BackwardArgs capped = a;
   capped.opts.softcap = 30.f;
-  EXPECT_TRUE(IsError(flash3::backward(capped, nullptr), StatusCode::kNotSupported, {"softcap"}));
+  EXPECT_EQ(flash3::backward_workspace_size(capped), ws);
+  if (!flash3::backward_is_built(DType::kBFloat16, 64, 64)) GTEST_SKIP() << "not built: backward bf16 64x64";
+  // A too-small workspace is reported after validation: with softcap too where
+  // its unit is built (the kernel check lets it through; nothing launched).
+  capped.workspace = a.q.data;
+  capped.workspace_bytes = ws - 1;
+  if (softcap_built(false, DType::kBFloat16, 64, 64)) {
+    EXPECT_TRUE(IsError(flash3::backward(capped, nullptr), StatusCode::kInvalidArgument, {"workspace", "needed"}));
+  } else {
+    EXPECT_TRUE(IsError(flash3::backward(capped, nullptr), StatusCode::kNotSupported,
+                        {"opts.softcap", "FLASH3_FEATURES"}));
+  }
   BackwardArgs small = a;
   small.workspace = a.q.data;  // any device-looking pointer: rejected before use
   small.workspace_bytes = ws - 1;

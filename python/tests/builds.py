@@ -1,0 +1,28 @@
+"""What this build of the flash3 package has kernels for, beyond forward_is_built /
+backward_is_built (which report the plain kernels): the test files' shared probes."""
+import torch
+
+from flash3 import flash_attn_func
+
+_SOFTCAP_BUILT = {}
+
+
+def softcap_built(dtype, d, dv, backward=False):
+    """Whether this build has the softcap kernels of (dtype, d, dv), forward (and backward): probed
+    once with a tiny call (the same units serve fixed-length and varlen calls); a build without
+    them (CMake FLASH3_FEATURES without "softcap") raises NotImplementedError naming softcap and
+    FLASH3_FEATURES. Call only where the plain kernels of (dtype, d, dv) are built."""
+    key = (dtype, d, dv, backward)
+    if key not in _SOFTCAP_BUILT:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(1, 8, 1, x, device="cuda", dtype=dtype, generator=g).requires_grad_(backward)
+                   for x in (d, d, dv))
+        try:
+            out = flash_attn_func(q, k, v, softcap=5.0)
+            if backward:
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            _SOFTCAP_BUILT[key] = True
+        except NotImplementedError as e:
+            assert "softcap" in str(e) and "FLASH3_FEATURES" in str(e), str(e)
+            _SOFTCAP_BUILT[key] = False
+    return _SOFTCAP_BUILT[key]
