@@ -27,8 +27,8 @@ struct FwdParams {
   int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
 
   float softmax_scale = 0.f;       // already defaulted to 1/sqrt(d)
-  float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e) (or 1/softcap * log2(e) with softcap)
-  float softcap = 0.f;
+  float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e); with softcap the launches use score_mod_scales()
+  float softcap = 0.f;             // 0: off (ScoreModIdentity units), > 0: ScoreModSoftcap units
 
   // Variable length (cu_seqlens_q set): batch = number of sequences,
   // seqlen_q / seqlen_k = total rows of q / k, the batch strides unused (0),
