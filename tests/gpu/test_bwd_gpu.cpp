@@ -578,6 +578,47 @@ TEST(BwdGpu, DlseGradient) {
   if (ran == 0) GTEST_SKIP() << "not built: no forward + backward kernel pair in this build";
 }
 
+// Deterministic mode on one case: `runs` backward calls after one forward must
+// give bitwise identical dq / dk / dv (and guards), and the result must pass the
+// tolerance rule.
+void check_deterministic(const Case& c, int runs) {
+  SCOPED_TRACE(c.describe());
+  Buffers b;
+  ASSERT_TRUE(upload_inputs(c, &b));
+  DeviceState& ds = dev();
+  const Plan& p = b.plan;
+  const flash3::Status fs = run_forward(c, p);
+  ASSERT_TRUE(fs.ok()) << fs.message;
+  std::vector<uint16_t> first;
+  for (int run = 0; run < runs; ++run) {
+    const flash3::Status st = run_backward(c, p, ds.grad.ptr);
+    ASSERT_TRUE(st.ok()) << "run " << run << ": " << st.message;
+    ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
+    std::vector<uint16_t> h = fetch_grad(p, ds.grad.ptr);
+    if (run == 0) {
+      first = std::move(h);
+      continue;
+    }
+    if (std::memcmp(first.data(), h.data(), h.size() * 2) != 0) {
+      int64_t diff = 0, at = -1;
+      for (size_t i = 0; i < h.size(); ++i)
+        if (h[i] != first[i]) {
+          if (at < 0) at = int64_t(i);
+          ++diff;
+        }
+      const char* which = "guard";
+      if (at >= p.grad.q.offset && at < p.grad.q.span()) which = "dq";
+      if (at >= p.grad.k.offset && at < p.grad.k.span()) which = "dk";
+      if (at >= p.grad.v.offset && at < p.grad.v.span()) which = "dv";
+      ADD_FAILURE() << c.describe() << ": deterministic run " << run << " differs from run 0 in " << diff
+                    << " gradient elements (first at allocation index " << at << ", in " << which
+                    << " for the non-packed layout)";
+    }
+  }
+  ASSERT_TRUE(run_references(c, p));
+  check_gradients(c, p, first);
+}
+
 // ===========================================================================
 // Deterministic mode: bitwise identical dq / dk / dv over 5 runs (causal GQA 4:1,
 // seqlen 4096; MQA, window and an unmasked launch whose last wave is split),
@@ -616,41 +657,7 @@ TEST(BwdGpu, DeterministicBitwise) {
       c.name = "deterministic_" + head_dims_name(hd) + "_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) +
                "_" + heads_name({s.hq, s.hkv});
       c.seed = fnv1a(c.name);
-      SCOPED_TRACE(c.describe());
-      Buffers b;
-      ASSERT_TRUE(upload_inputs(c, &b));
-      DeviceState& ds = dev();
-      const Plan& p = b.plan;
-      const flash3::Status fs = run_forward(c, p);
-      ASSERT_TRUE(fs.ok()) << fs.message;
-      std::vector<uint16_t> first;
-      for (int run = 0; run < kDeterministicRuns; ++run) {
-        const flash3::Status st = run_backward(c, p, ds.grad.ptr);
-        ASSERT_TRUE(st.ok()) << "run " << run << ": " << st.message;
-        ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
-        std::vector<uint16_t> h = fetch_grad(p, ds.grad.ptr);
-        if (run == 0) {
-          first = std::move(h);
-          continue;
-        }
-        if (std::memcmp(first.data(), h.data(), h.size() * 2) != 0) {
-          int64_t diff = 0, at = -1;
-          for (size_t i = 0; i < h.size(); ++i)
-            if (h[i] != first[i]) {
-              if (at < 0) at = int64_t(i);
-              ++diff;
-            }
-          const char* which = "guard";
-          if (at >= p.grad.q.offset && at < p.grad.q.span()) which = "dq";
-          if (at >= p.grad.k.offset && at < p.grad.k.span()) which = "dk";
-          if (at >= p.grad.v.offset && at < p.grad.v.span()) which = "dv";
-          ADD_FAILURE() << c.describe() << ": deterministic run " << run << " differs from run 0 in " << diff
-                        << " gradient elements (first at allocation index " << at << ", in " << which
-                        << " for the non-packed layout)";
-        }
-      }
-      ASSERT_TRUE(run_references(c, p));
-      check_gradients(c, p, first);
+      check_deterministic(c, kDeterministicRuns);
       if (HasFatalFailure()) return;
     }
   }
@@ -1623,30 +1630,7 @@ TEST(SoftcapBwd, DeterministicBitwise) {
     c.deterministic = true;
     c.name = std::string("bwd_softcap_deterministic_") + head_dims_name(hd) + "_" + s.tag;
     c.seed = fnv1a(c.name);
-    SCOPED_TRACE(c.describe());
-    Buffers b;
-    ASSERT_TRUE(upload_inputs(c, &b));
-    DeviceState& ds = dev();
-    const Plan& p = b.plan;
-    const flash3::Status fs = run_forward(c, p);
-    ASSERT_TRUE(fs.ok()) << fs.message;
-    std::vector<uint16_t> first;
-    for (int run = 0; run < 3; ++run) {
-      const flash3::Status st = run_backward(c, p, ds.grad.ptr);
-      ASSERT_TRUE(st.ok()) << "run " << run << ": " << st.message;
-      ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(ds.stream), "backward"));
-      std::vector<uint16_t> h = fetch_grad(p, ds.grad.ptr);
-      if (run == 0) {
-        first = std::move(h);
-        continue;
-      }
-      int64_t diff = 0;
-      for (size_t i = 0; i < h.size(); ++i) diff += h[i] != first[i];
-      EXPECT_EQ(diff, 0) << c.describe() << ": deterministic run " << run << " differs from run 0 in " << diff
-                         << " elements of the gradient allocation";
-    }
-    ASSERT_TRUE(run_references(c, p));
-    check_gradients(c, p, first);
+    check_deterministic(c, 3);
     if (HasFatalFailure()) return;
   }
 }
