@@ -42,6 +42,13 @@ Modes:
                    (--tokens in lengths drawn log-uniformly from 64..8192, causal, d = 128):
                    one varlen call next to one fixed-length call per document (flash3 and
                    cuDNN), in TFLOP/s of useful (causal) work.
+  --pack-gqa       PackGQA on decode-like GQA rows: d = 128 (--hdims), 64 query heads on 8 KV
+                   heads, batch 4 x 8k keys and batch 1 x 32k keys, seqlen_q 1 .. 64 (--seqlens),
+                   non-causal (--causal): the forward with pack_gqa = 1 and 0 from the same
+                   library, and cuDNN (SDPA, enable_gqa), sustained and interleaved like --steady;
+                   time (us), effective K+V read bandwidth (bytes of K and V / time) and the
+                   packed / unpacked speedup per row, both flash3 results checked against fp32
+                   math SDPA under the tolerance rule (--no-check: not).
   --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
@@ -54,6 +61,7 @@ Usage:
   python3 bench/bench.py --steady --passes fwd,bwd
   python3 bench/bench.py --power --passes bwd --hdims 128 --seqlens 4k --causal on
   python3 bench/bench.py --fixed-cost --hdims 128 --seqlen-k 4k --seqlens 2k,4k,8k,16k --tile-m 80
+  python3 bench/bench.py --pack-gqa
   python3 bench/bench.py --from-csv out.csv --plot out.png
 Profiling one kernel: ncu --kernel-name regex:flash_bwd_kernel --launch-count 1 python3
 bench/bench.py --iters 1 --warmup 0 --no-check --passes bwd --hdims 128 --seqlens 8k --causal off;
@@ -112,8 +120,18 @@ _VARLEN_FIELDS = [
 ]
 
 
+_PACK_FIELDS = [
+    ("pack_gqa", ctypes.c_int32),
+]
+
+
 class F3Options(ctypes.Structure):
     """flash3_options: struct_size first (set by flash3_default_options)."""
+    _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS + _VARLEN_FIELDS + _PACK_FIELDS
+
+
+class F3OptionsV2(ctypes.Structure):
+    """flash3_options before pack_gqa: --ab against such builds (not --pack-gqa)."""
     _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS + _VARLEN_FIELDS
 
 
@@ -139,8 +157,9 @@ class Flash3Lib:
         lib.flash3_default_options.restype = F3Options
         lib.flash3_default_options.argtypes = []
         probe = lib.flash3_default_options()
-        sized = {ctypes.sizeof(F3Options): F3Options, ctypes.sizeof(F3OptionsV1): F3OptionsV1}
+        sized = {ctypes.sizeof(c): c for c in (F3Options, F3OptionsV2, F3OptionsV1)}
         self.Options = sized.get(probe.struct_size, F3OptionsNoSize)
+        self.has_pack_gqa = any(name == "pack_gqa" for name, _ in self.Options._fields_)
         lib.flash3_default_options.restype = self.Options
         T = ctypes.POINTER(F3Tensor)
         O = ctypes.POINTER(self.Options)
@@ -163,13 +182,18 @@ class Flash3Lib:
         lib.flash3_version.restype = ctypes.c_char_p
         lib.flash3_version.argtypes = []
 
-    def options(self, scale, causal=False, deterministic=False, softcap=0.0):
-        """flash3_default_options() with the softmax scale, causal, deterministic and softcap set."""
+    def options(self, scale, causal=False, deterministic=False, softcap=0.0, pack_gqa=None):
+        """flash3_default_options() with the softmax scale, causal, deterministic and softcap set;
+        pack_gqa None keeps the library's default (the heuristic), True / False set 1 / 0."""
         opts = self.lib.flash3_default_options()
         opts.softmax_scale = scale
         opts.causal = 1 if causal else 0
         opts.deterministic = 1 if deterministic else 0
         opts.softcap = softcap
+        if pack_gqa is not None:
+            if not self.has_pack_gqa:
+                raise RuntimeError(f"{self.path}: its flash3_options has no pack_gqa (a build before PackGQA)")
+            opts.pack_gqa = 1 if pack_gqa else 0
         return opts
 
     def last_error(self):
@@ -1142,6 +1166,154 @@ def run_varlen(args, torch, F, dtype):
 
 
 # ---------------------------------------------------------------------------
+# PackGQA mode.
+# ---------------------------------------------------------------------------
+# Decode-like GQA rows: (query heads, KV heads), the (batch, seqlen_k) shapes
+# and the default seqlen_q list. A decode step's time is K and V streaming
+# from memory: unpacked, the tile of each query head reads its group's K / V
+# again (from L2 at best); packed, one tile per KV head reads them once.
+PACK_GQA_HEADS = (64, 8)
+PACK_GQA_SHAPES = ((4, 8192), (1, 32768))
+PACK_GQA_SEQLENS_Q = "1,2,4,8,16,32,64"
+
+
+def bottom_right_causal(torch, sq, sk, device):
+    """(sq, sk) boolean mask of flash3's causal mask (aligned bottom-right: query i
+    sees keys j <= i + sk - sq); torch SDPA's is_causal aligns top-left."""
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    return j <= i + (sk - sq)
+
+
+def check_gqa_outputs(torch, F, sdpa_ctx, q, k, v, outs, scale, causal):
+    """Each of `outs` ((b, sq, hq, d) results of one forward) against torch's math
+    SDPA in fp32 under the tolerance rule (baseline: math SDPA in the input dtype),
+    K / V repeated to q's heads. Returns (all pass, worst err / bound)."""
+    g = q.shape[2] // k.shape[2]
+    mask = bottom_right_causal(torch, q.shape[1], k.shape[1], q.device) if causal else None
+
+    def sdpa(qx, kx, vx):
+        kx, vx = kx.repeat_interleave(g, 2), vx.repeat_interleave(g, 2)
+        with sdpa_ctx("MATH"):
+            o = F.scaled_dot_product_attention(qx.transpose(1, 2), kx.transpose(1, 2), vx.transpose(1, 2),
+                                               attn_mask=mask, scale=scale)
+        return o.transpose(1, 2)
+    with torch.no_grad():
+        ref = sdpa(q.float(), k.float(), v.float())
+        with _PlainMath(torch):
+            base = sdpa(q, k, v)
+        verdicts = [_judge(torch, o, ref, base) for o in outs]
+    del ref, base
+    torch.cuda.empty_cache()
+    return all(x[0] for x in verdicts), max(x[1] / x[3] for x in verdicts)
+
+
+def cudnn_gqa_fwd(torch, F, q, k, v, causal, scale):
+    """cuDNN (torch SDPA) forward of (b, s, h, d) q on K / V with fewer heads:
+    (fn, note). enable_gqa where this torch takes it (cuDNN reads the shared
+    heads); else K / V repeated to q's heads once, outside the timing (the note
+    says so). Raises when cuDNN cannot run the shape at all."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    # is_causal aligns top-left: flash3's bottom-right mask goes in as attn_mask when sq != sk.
+    mask = None
+    if causal and q.shape[1] != k.shape[1]:
+        mask = bottom_right_causal(torch, q.shape[1], k.shape[1], q.device)
+    is_causal = causal and mask is None
+
+    def make(kx, vx, **kw):
+        def fwd():
+            with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kx, vx, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                                      **kw)
+        return fwd
+    fn = make(kt, vt, enable_gqa=True)
+    try:
+        fn()
+        return fn, ""
+    except (TypeError, RuntimeError) as e:
+        g = q.shape[2] // k.shape[2]
+        fn = make(kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1))
+        fn()
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:100]
+        return fn, f"K/V repeated to {q.shape[2]} heads (enable_gqa: {why})"
+
+
+def run_pack_gqa(args, torch, F, sdpa_ctx, dtype):
+    lib = Flash3Lib(args.lib)
+    if not lib.has_pack_gqa:
+        print(f"bench.py --pack-gqa: {lib.path} has no pack_gqa option (a build before PackGQA)")
+        return 1
+    stream = torch.cuda.current_stream().cuda_stream
+    hq, hkv = PACK_GQA_HEADS
+    d = parse_list(args.hdims, int)[0]
+    print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
+          f" | dtype {args.dtype} | rounds {args.rounds} | iters {args.iters} | warmup {args.warmup_ms:g} ms"
+          f" | gap {args.gap_s:g} s | flash3 {lib.version()} ({lib.path})")
+    print(f"d = {d}, {hq} query heads on {hkv} KV heads; TB/s = bytes of K and V / time; speedup = unpacked time / "
+          f"packed time; check: both flash3 results, worst err / bound")
+    names = ["packed", "unpacked"] + ([] if args.no_cudnn else ["cuDNN"])
+    print("| batch | seqlen_k | seqlen_q | causal | " + " | ".join(f"{n} us (spread)" for n in names) + " | " +
+          " | ".join(f"{n} TB/s" for n in names) + " | speedup | check |")
+    print("|" + "---:|" * (4 + 2 * len(names) + 1) + "---|")
+    sys.stdout.flush()
+    speedups, failed, notes = [], False, set()
+    for batch, sk in PACK_GQA_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + sk)
+        k, v = (torch.randn((batch, sk, hkv, d), device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        kv_bytes = 2 * k.numel() * k.element_size()
+        for sq in parse_list(args.seqlens, parse_len):
+            q = torch.randn((batch, sq, hq, d), device="cuda", dtype=dtype, generator=gen)
+            for causal in parse_causal(args.causal):
+                scale = 1.0 / math.sqrt(d)
+                label = f"b={batch} sk={fmt_len(sk)} sq={sq}{' causal' if causal else ''}"
+                # dout = q: Flash3Call's backward half is never called here.
+                calls = {n: Flash3Call(torch, lib, q, k, v, q, lib.options(scale, causal, pack_gqa=p), stream)
+                         for n, p in (("packed", True), ("unpacked", False))}
+                torch.cuda.synchronize()
+                bad = [n for n, c in calls.items() if c.status != FLASH3_OK]
+                if bad:
+                    print(f"  {label} {'/'.join(bad)}: {lib.last_error()}")
+                    failed = True
+                    continue
+                check = "-"
+                if not args.no_check:
+                    ok, worst = check_gqa_outputs(torch, F, sdpa_ctx, q, k, v, [c.out for c in calls.values()],
+                                                  scale, causal)
+                    check = f"{'PASS' if ok else 'FAIL'} ({worst:.2f})"
+                    failed |= not ok
+                fns = {n: c.fwd for n, c in calls.items()}
+                if not args.no_cudnn:
+                    try:
+                        fns["cuDNN"], note = cudnn_gqa_fwd(torch, F, q, k, v, causal, scale)
+                        if note:
+                            notes.add(note)
+                    except (RuntimeError, TypeError, ImportError) as e:  # cuDNN cannot run this shape
+                        print(f"  cuDNN {label}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}")
+                times = interleave(torch, fns, args.rounds, args.iters, args.warmup_ms, args.gap_s)
+                ms = {n: statistics.median(t) for n, t in times.items()}
+                spread = {n: (max(t) - min(t)) / ms[n] for n, t in times.items()}
+                us = [f"{1e3 * ms[n]:.1f} ({100 * spread[n]:.0f}%)" if n in ms else "n/a" for n in names]
+                tbs = [f"{kv_bytes / (ms[n] * 1e-3) / 1e12:.2f}" if n in ms else "n/a" for n in names]
+                speedup = ms["unpacked"] / ms["packed"]
+                speedups.append((speedup, label))
+                print(f"| {batch} | {fmt_len(sk)} | {sq} | {'yes' if causal else 'no'} | " + " | ".join(us) + " | " +
+                      " | ".join(tbs) + f" | {speedup:.3f} | {check} |")
+                sys.stdout.flush()
+                del calls, fns
+            del q
+        del k, v
+        torch.cuda.empty_cache()
+    for note in sorted(notes):
+        print(f"cuDNN: {note}")
+    if speedups:
+        lo = min(speedups)
+        print(f"\npacked/unpacked speedup: geomean {geomean([x for x, _ in speedups]):.3f} over {len(speedups)} "
+              f"rows; lowest {lo[0]:.3f} ({lo[1]})")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------
 # Power mode.
 # ---------------------------------------------------------------------------
 def run_batch(torch, fn, n=4):
@@ -1255,7 +1427,7 @@ def parse_args(argv=None):
                     help="the 14 headline rows (hdim 128 at 4k/8k/16k, hdims 64 and 256 at 8k/16k) instead of "
                          "--hdims x --seqlens")
     ap.add_argument("--passes", default=None, help="fwd, bwd or fwd,bwd (default fwd,bwd; --power: bwd)")
-    ap.add_argument("--causal", default="both", help="on, off or both")
+    ap.add_argument("--causal", default=None, help="on, off or both (default both; --pack-gqa: off)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--iters", type=int, default=None,
                     help="timed runs per measurement (default 30, fewer for big shapes; interleaved 50, --steady "
@@ -1291,6 +1463,9 @@ def parse_args(argv=None):
                    help="also time every library with opts.deterministic = 1 (contender NAME-det)")
     g = ap.add_argument_group("varlen mode")
     g.add_argument("--varlen", action="store_true", help="varlen against fixed length, and a document mix")
+    g = ap.add_argument_group("PackGQA mode")
+    g.add_argument("--pack-gqa", action="store_true",
+                   help="pack_gqa on and off (and cuDNN) on decode-like GQA rows (presets above)")
     g = ap.add_argument_group("power mode")
     g.add_argument("--power", action="store_true", help="power, clock and energy per call under sustained load")
     g.add_argument("--seconds", type=float, default=4.0,
@@ -1302,19 +1477,23 @@ def parse_args(argv=None):
     g.add_argument("--tile-m", type=int, default=0, help="query rows per iteration, to express X in iterations")
     args = ap.parse_args(argv)
 
-    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen") if getattr(args, m)]
+    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen", "pack_gqa") if getattr(args, m)]
     if "steady" in modes and "ab" in modes:
         modes.remove("steady")
     if len(modes) > 1:
-        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost or --from-csv")
+        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost, --varlen, --pack-gqa or --from-csv")
     args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
     if args.varlen:
         args.mode = "varlen"
     if args.mode == "table" and (args.softcap_too > 0 or args.deterministic_too):
         args.mode = "interleaved"  # the extra contenders only exist there
     interleaved = args.mode == "interleaved"
-    if args.varlen:  # sustained and interleaved, as --steady
+    if args.varlen or args.pack_gqa:  # sustained and interleaved, as --steady
         args.steady = True
+    if args.pack_gqa:
+        args.seqlens = args.seqlens or PACK_GQA_SEQLENS_Q
+        args.hdims = args.hdims or "128"
+    args.causal = args.causal or ("off" if args.pack_gqa else "both")
     if args.steady or (args.power and args.hdims is None and args.seqlens is None):
         args.headline = args.headline or (args.hdims is None and args.seqlens is None)
     if args.fixed_cost:
@@ -1388,6 +1567,8 @@ def main(argv=None):
         return run_varlen(args, torch, F, dtype)
     if args.mode == "fixed_cost":
         return run_fixed_cost(args, torch, dtype)
+    if args.mode == "pack_gqa":
+        return run_pack_gqa(args, torch, F, sdpa_ctx, dtype)
     return run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype)
 
 

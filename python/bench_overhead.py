@@ -60,7 +60,7 @@ class F3Options(ctypes.Structure):
                 ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)), ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
                 ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
                 ("num_sequences", ctypes.c_int32), ("seqused_q", ctypes.POINTER(ctypes.c_int32)),
-                ("seqused_k", ctypes.POINTER(ctypes.c_int32))]
+                ("seqused_k", ctypes.POINTER(ctypes.c_int32)), ("pack_gqa", ctypes.c_int32)]
 
 
 def f3t(t, code):

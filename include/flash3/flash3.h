@@ -117,6 +117,14 @@ struct AttentionOptions {
   // [0, cu[b+1] - cu[b]].
   const int* seqused_q = nullptr;
   const int* seqused_k = nullptr;
+  // PackGQA, forward only (the backward ignores it): with hq > hkv the query
+  // heads sharing a KV head are packed into one tile's rows, so each K/V tile
+  // is loaded once per group. -1: heuristic (varlen packs; fixed length packs
+  // when that fills the query tiles clearly better, e.g. short seqlen_q),
+  // 0: off, 1: on; other values are rejected (forward and backward). Only
+  // speed differs: where no packed kernel exists (MHA, softcap, a build
+  // without the packgqa feature) the unpacked kernel runs, same results.
+  int pack_gqa = -1;
 };
 
 struct ForwardArgs {

@@ -53,10 +53,12 @@ typedef struct {
   int32_t num_sequences;       /* >= 0: number of sequences (cu_seqlens_* have num_sequences + 1 entries) */
   const int32_t* seqused_q;    /* NULL, or int32 device array of num_sequences real-token counts (needs cu_seqlens_q) */
   const int32_t* seqused_k;    /* NULL, or as seqused_q for the keys (needs cu_seqlens_k) */
+  int32_t pack_gqa;            /* forward only: -1 heuristic, 0 off, 1 on (PackGQA, as in flash3.h) */
 } flash3_options;
 
 /* Defaults: struct_size set, scale from head_dim (NaN), no mask, no softcap,
- * fixed length (cu_seqlens / seqused NULL, max_seqlen and num_sequences 0). */
+ * fixed length (cu_seqlens / seqused NULL, max_seqlen and num_sequences 0),
+ * pack_gqa -1 (heuristic). */
 flash3_options flash3_default_options(void);
 
 /* lse may be NULL (not stored). opts may be NULL (defaults). stream is a

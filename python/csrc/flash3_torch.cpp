@@ -1,12 +1,12 @@
 // flash3 PyTorch binding: the torch.library operators
 //
-//   flash3::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
-//       -> (out, softmax_lse)
+//   flash3::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+//               pack_gqa=-1) -> (out, softmax_lse)
 //   flash3::bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
 //               window_right, softcap, deterministic) -> (dq, dk, dv)
 //   flash3::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
 //                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-//                      deterministic) -> (out, softmax_lse)
+//                      deterministic, pack_gqa=-1) -> (out, softmax_lse)
 //       variable-length forward: q (total_q, hq, d), k (total_k, hkv, d), v (total_k, hkv, dv),
 //       out (total_q, hq, dv), softmax_lse (hq, total_q) fp32; rows of out / softmax_lse that no
 //       sequence writes (beyond seqused, beyond cu_seqlens_q[-1]) are left as allocated.
@@ -44,6 +44,9 @@
 //                  still unbounded) before reaching the int fields of flash3::AttentionOptions.
 //                  No window is an error: causal=True with any right side is causal (the
 //                  library sets right = 0), causal with a finite left side is local attention.
+//   pack_gqa       forward ops only: -1 heuristic, 0 off, 1 on (AttentionOptions::pack_gqa; any
+//                  other value: ValueError); the results do not depend on it. The backward ops
+//                  take no pack_gqa (the library's backward never packs).
 //
 // The C++ library itself (libflash3.so) knows nothing about torch; this file is the only
 // place the two meet.
@@ -350,6 +353,13 @@ void check_softcap(double softcap) {
                 "capping, a value > 0 caps the scaled scores s -> softcap * tanh(s / softcap)");
 }
 
+// opts.pack_gqa's values, checked before anything is allocated (an int64 beyond int32 would
+// otherwise wrap on its way into the int field; the fake implementations raise the same message).
+void check_pack_gqa(int64_t pack_gqa) {
+  if (!(pack_gqa >= -1 && pack_gqa <= 1))
+    value_error("flash3: pack_gqa is ", pack_gqa, "; expected -1 (heuristic), 0 (off) or 1 (on)");
+}
+
 // A Python int window side as the int of flash3::AttentionOptions: negative -> -1
 // (unbounded); above INT32_MAX -> INT32_MAX, which the library treats as unbounded as well
 // (any side >= seqlen - 1 cuts nothing).
@@ -435,10 +445,11 @@ Tensor kernel_layout(const Tensor& t, bool is_lse) {
 // ---------------------------------------------------------------------------
 std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                    int64_t window_right, double softcap, bool deterministic) {
+                                    int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
   check_forward_inputs(q, k, v);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
+  check_pack_gqa(pack_gqa);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
   Tensor out = at::empty({b, sq, hq, dv}, q.options());
@@ -451,6 +462,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
   args.out = view(out);
   args.lse = view(lse);
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::forward(args, stream), "forward");
@@ -536,10 +548,11 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                            int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                                            int64_t window_left, int64_t window_right, double softcap,
-                                           bool deterministic) {
+                                           bool deterministic, int64_t pack_gqa) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
+  check_pack_gqa(pack_gqa);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t total_q = q.size(0), hq = q.size(1), dv = v.size(2);
   // Rows that no sequence covers (beyond seqused, beyond cu_seqlens_q[-1]) are not written and
@@ -555,6 +568,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
   args.lse = view(lse);
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
   set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
+  args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::forward(args, stream), "varlen forward");
@@ -589,7 +603,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
 
 // CPU "kernels": only reached when every tensor argument is on the CPU.
 std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double>, bool,
-                                   int64_t, int64_t, double, bool) {
+                                   int64_t, int64_t, double, bool, int64_t) {
   check_forward_inputs(q, k, v);  // raises for the first CPU tensor
   runtime_error("flash3: unreachable");
   return {};
@@ -608,7 +622,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cpu(const Tensor& q, const Tensor& k, cons
                                           const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
                                           const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                           int64_t max_seqlen_k, std::optional<double>, bool, int64_t, int64_t, double,
-                                          bool) {
+                                          bool, int64_t) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   runtime_error("flash3: unreachable");
   return {};
@@ -634,13 +648,14 @@ using torch::autograd::variable_list;
 std::tuple<Tensor, Tensor> call_fwd_below_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                    std::optional<double> softmax_scale, bool causal,
                                                    int64_t window_left, int64_t window_right, double softcap,
-                                                   bool deterministic) {
+                                                   bool deterministic, int64_t pack_gqa) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::fwd", "")
                        .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                         std::optional<double>, bool, int64_t, int64_t, double, bool)>();
+                                                         std::optional<double>, bool, int64_t, int64_t, double, bool,
+                                                         int64_t)>();
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op.call(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  return op.call(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic, pack_gqa);
 }
 
 std::tuple<Tensor, Tensor, Tensor> call_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -660,9 +675,9 @@ class FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                               int64_t window_right, double softcap, bool deterministic) {
-    auto [out, lse] =
-        call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+                               int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
+    auto [out, lse] = call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                                              deterministic, pack_gqa);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["has_scale"] = softmax_scale.has_value();
     ctx->saved_data["scale"] = softmax_scale.value_or(0.0);
@@ -690,18 +705,21 @@ class FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
     auto [dq, dk, dv] = call_bwd(dout, q, k, v, out, lse, dlse_opt, scale, ctx->saved_data["causal"].toBool(),
                                  ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
                                  ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    // No pack_gqa for the backward: it never packs.
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                        int64_t window_right, double softcap, bool deterministic) {
+                                        int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
   const bool needs_grad =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!needs_grad)  // inference: no autograd node at all
-    return call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
-  auto r = FlashAttnFunction::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic);
+    return call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                                   pack_gqa);
+  auto r = FlashAttnFunction::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                                    pack_gqa);
   return {r[0], r[1]};
 }
 
@@ -711,16 +729,16 @@ std::tuple<Tensor, Tensor> call_varlen_fwd_below_autograd(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-    double softcap, bool deterministic) {
+    double softcap, bool deterministic, int64_t pack_gqa) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::varlen_fwd", "")
                        .typed<std::tuple<Tensor, Tensor>(
                            const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const std::optional<Tensor>&, const std::optional<Tensor>&, int64_t, int64_t,
-                           std::optional<double>, bool, int64_t, int64_t, double, bool)>();
+                           std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t)>();
   at::AutoDispatchBelowADInplaceOrView guard;
   return op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                 causal, window_left, window_right, softcap, deterministic);
+                 causal, window_left, window_right, softcap, deterministic, pack_gqa);
 }
 
 std::tuple<Tensor, Tensor, Tensor> call_varlen_bwd(
@@ -747,10 +765,10 @@ class VarlenFlashAttnFunction : public torch::autograd::Function<VarlenFlashAttn
                                const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
                                int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double> softmax_scale,
                                bool causal, int64_t window_left, int64_t window_right, double softcap,
-                               bool deterministic) {
+                               bool deterministic, int64_t pack_gqa) {
     auto [out, lse] = call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                                      max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                                     window_right, softcap, deterministic);
+                                                     window_right, softcap, deterministic, pack_gqa);
     // seqused_* may be None: saved as undefined tensors.
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(Tensor()),
                             seqused_k.value_or(Tensor())});
@@ -784,8 +802,9 @@ class VarlenFlashAttnFunction : public torch::autograd::Function<VarlenFlashAttn
         ctx->saved_data["max_seqlen_q"].toInt(), ctx->saved_data["max_seqlen_k"].toInt(), scale,
         ctx->saved_data["causal"].toBool(), ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
         ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool(), dlse);
-    // No gradient for cu_seqlens_*, seqused_* and the non-tensor arguments.
-    variable_list grad_inputs(15);
+    // No gradient for cu_seqlens_*, seqused_* and the non-tensor arguments (pack_gqa included:
+    // the backward never packs).
+    variable_list grad_inputs(16);
     grad_inputs[0] = dq;
     grad_inputs[1] = dk;
     grad_inputs[2] = dv;
@@ -799,16 +818,16 @@ std::tuple<Tensor, Tensor> varlen_fwd_autograd(const Tensor& q, const Tensor& k,
                                                const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                                int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               bool deterministic) {
+                                               bool deterministic, int64_t pack_gqa) {
   const bool needs_grad =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!needs_grad)
     return call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                           max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic);
+                                          deterministic, pack_gqa);
   auto r = VarlenFlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                           max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic);
+                                          deterministic, pack_gqa);
   return {r[0], r[1]};
 }
 
@@ -875,7 +894,8 @@ TORCH_LIBRARY(flash3, m) {
   m.set_python_module("flash3.flash_attn_interface");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+      "int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1) "
+      "-> (Tensor out, Tensor softmax_lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse=None, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
@@ -883,7 +903,7 @@ TORCH_LIBRARY(flash3, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
       "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False) "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1) "
       "-> (Tensor out, Tensor softmax_lse)");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "

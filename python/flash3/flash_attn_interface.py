@@ -8,12 +8,12 @@ Swapping the import is enough::
 The work is done by three operators registered by the C++ extension ``flash3._C``:
 
 * ``torch.ops.flash3.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-  deterministic) -> (out, softmax_lse)``
+  deterministic, pack_gqa=-1) -> (out, softmax_lse)``
 * ``torch.ops.flash3.bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
   window_right, softcap, deterministic) -> (dq, dk, dv)``
 * ``torch.ops.flash3.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
   max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-  deterministic) -> (out, softmax_lse)`` (variable length)
+  deterministic, pack_gqa=-1) -> (out, softmax_lse)`` (variable length)
 * ``torch.ops.flash3.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
   seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
   window_right, softcap, deterministic, dlse=None) -> (dq, dk, dv)`` (variable length; dq / dk / dv
@@ -305,15 +305,34 @@ def _check_softcap(softcap):
     return s
 
 
+def _check_pack_gqa(pack_gqa):
+    """The binding's check of the operators' int pack_gqa (the fake implementations run it when
+    traced): -1 heuristic, 0 off, 1 on."""
+    if pack_gqa not in (-1, 0, 1):
+        raise ValueError(f"flash3: pack_gqa is {pack_gqa}; expected -1 (heuristic), 0 (off) or 1 (on)")
+
+
+def _pack_gqa_arg(pack_gqa):
+    """flash_attn_func's / flash_attn_varlen_func's pack_gqa (FlashAttention-3's Optional[bool]) as
+    the operators' int: None -> -1 (heuristic), True (or 1) -> 1, False (or 0) -> 0."""
+    if pack_gqa is None:
+        return -1
+    if not isinstance(pack_gqa, int) or pack_gqa not in (0, 1):  # (bool is an int)
+        raise TypeError(f"flash3: pack_gqa is {pack_gqa!r} ({type(pack_gqa).__name__}); expected None "
+                        "(heuristic), True or False")
+    return int(pack_gqa)
+
+
 # ---------------------------------------------------------------------------
 # Fake (meta) implementations: shapes, dtypes and strides of the real outputs (all contiguous).
 # ---------------------------------------------------------------------------
 @torch.library.register_fake("flash3::fwd")
 def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-              deterministic=False):
+              deterministic=False, pack_gqa=-1):
     _check_forward_inputs(q, k, v)
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
+    _check_pack_gqa(pack_gqa)
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
     out = q.new_empty((b, sq, hq, dv))
@@ -333,10 +352,11 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, ca
 @torch.library.register_fake("flash3::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                     deterministic=False):
+                     deterministic=False, pack_gqa=-1):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
+    _check_pack_gqa(pack_gqa)
     total_q, hq, _ = q.shape
     dv = v.shape[2]
     out = q.new_empty((total_q, hq, dv))
@@ -442,8 +462,16 @@ def flash_attn_func(
             NaN values (after rounding to float32) raise ValueError. A build configured without
             the softcap kernels (CMake FLASH3_FEATURES without "softcap") raises
             NotImplementedError for softcap > 0.
-        num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored
-            (flash3 does not split the key sequence, packs nothing and uses every SM).
+        num_splits, sm_margin: FlashAttention-3 performance hints; accepted and ignored (flash3
+            does not split the key sequence and uses every SM).
+        pack_gqa: PackGQA, FlashAttention-3's forward option for GQA/MQA (num_heads_q >
+            num_heads_kv): the query heads that share a KV head are packed into one tile, so each
+            K/V tile is loaded once per group. None (the default) lets a heuristic decide (it packs
+            when that fills the query tiles clearly better, e.g. short seqlen_q); True packs, False
+            does not. Only the speed depends on it, never the results: where no packed
+            kernel exists (num_heads_q == num_heads_kv, softcap > 0, a build without the packgqa
+            kernels) the unpacked kernel runs. The backward never packs. A value other than None,
+            True or False (or the ints 1 and 0) raises TypeError.
         deterministic: make the backward pass bitwise reproducible.
         return_attn_probs: as in FlashAttention-3: also return softmax_lse (the probabilities
             themselves are never returned).
@@ -460,7 +488,8 @@ def flash_attn_func(
         ValueError: a CPU tensor, mismatched devices or shapes, a last dimension that is not
             contiguous, an unsupported head dim, a negative / infinite / NaN softmax_scale or
             softcap.
-        TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ.
+        TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ; a pack_gqa
+            other than None, True or False.
         NotImplementedError: a feature flash3 does not have yet (qv, FP8 descales,
             attention_chunk; a non-Hopper GPU), softcap > 0 in a build without the softcap
             kernels.
@@ -470,7 +499,8 @@ def flash_attn_func(
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
-    out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                    _pack_gqa_arg(pack_gqa))
     if return_attn_probs or return_lse:
         return out, lse
     return out
@@ -526,8 +556,10 @@ def flash_attn_varlen_func(
             before the mask, forward and backward) applies to every sequence.
         qv, q_descale, k_descale, v_descale: must be None (NotImplementedError otherwise).
         attention_chunk: must be 0 (NotImplementedError otherwise).
-        num_splits, pack_gqa, sm_margin: FlashAttention-3 performance hints; accepted and ignored,
-            as in flash_attn_func.
+        pack_gqa: as in flash_attn_func (None: the heuristic, which packs every GQA/MQA varlen
+            call; True / False; the results do not depend on it).
+        num_splits, sm_margin: FlashAttention-3 performance hints; accepted and ignored, as in
+            flash_attn_func.
         return_attn_probs: also return softmax_lse (the probabilities are never returned).
         return_lse: keyword-only alias of return_attn_probs.
 
@@ -566,7 +598,8 @@ def flash_attn_varlen_func(
         softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
     out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, causal, window_left, window_right, softcap, deterministic)
+                           softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                           _pack_gqa_arg(pack_gqa))
     if return_attn_probs or return_lse:
         return out, lse
     return out

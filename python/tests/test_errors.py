@@ -68,6 +68,9 @@ CASES = {
     "softcap_nan": (lambda: list(good()), {"softcap": float("nan")}, ValueError, ["softcap", "nan"]),
     "softcap_inf": (lambda: list(good()), {"softcap": float("inf")}, ValueError, ["softcap", "inf"]),
     "softcap_float32_overflow": (lambda: list(good()), {"softcap": 1e39}, ValueError, ["softcap"]),
+    # pack_gqa: None (heuristic), True or False (FlashAttention-3's Optional[bool])
+    "pack_gqa_str": (lambda: list(good(hk=2)), {"pack_gqa": "yes"}, TypeError, ["pack_gqa", "'yes'", "None", "True"]),
+    "pack_gqa_int": (lambda: list(good(hk=2)), {"pack_gqa": 2}, TypeError, ["pack_gqa", "int"]),
     "qv_not_implemented": (lambda: list(good()), lambda: {"qv": torch.zeros(1, device=DEV)}, NotImplementedError, ["qv"]),
     "descale_not_implemented": (lambda: list(good()), lambda: {"q_descale": torch.ones(1, device=DEV)}, NotImplementedError,
                                 ["descale"]),
@@ -161,6 +164,59 @@ def test_ops_reject_bad_softcap(softcap):
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not kernels, f"kernels launched by an invalid call: {kernels}"
+
+
+@pytest.mark.parametrize("pack_gqa", [2, -2, 2 ** 40], ids=["2", "-2", "2pow40"])
+def test_ops_reject_bad_pack_gqa(pack_gqa):
+    """fwd and varlen_fwd called directly with an int pack_gqa other than -1, 0, 1: ValueError naming
+    pack_gqa before any kernel is queued; under torch.compile the fake implementations raise it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = good(hk=2)
+    a = vgood()
+    varlen = (a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], None, None, a["max_seqlen_q"],
+              a["max_seqlen_k"])
+    want = f"pack_gqa is {pack_gqa}; expected -1 (heuristic), 0 (off) or 1 (on)"
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with pytest.raises(ValueError, match=want.replace("(", r"\(").replace(")", r"\)")):
+            torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, 0.0, False, pack_gqa)
+        with pytest.raises(ValueError, match="pack_gqa"):
+            torch.ops.flash3.varlen_fwd(*varlen, None, False, -1, -1, 0.0, False, pack_gqa)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not kernels, f"kernels launched by an invalid call: {kernels}"
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, 0.0, False, pack_gqa),
+                      fullgraph=True, dynamic=False)
+    with pytest.raises(Exception) as ei:
+        f(q, k, v)
+    e = ei.value
+    chain = [e]
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    assert any(isinstance(x, ValueError) for x in chain) or "ValueError(" in str(e), f"{type(e).__name__}: {e}"
+    assert want in str(e) or any(want in str(x) for x in chain), f"{type(e).__name__}: {e}"
+
+
+def test_pack_gqa_is_accepted():
+    """None, True and False run (GQA, MQA and MHA alike: MHA has no packed kernel and runs the
+    unpacked one); the operators take -1, 0 and 1, positionally or by name; the backward after a
+    packed forward runs."""
+    for hk in (2, 1, 4):
+        q, k, v = good(hk=hk)
+        want = flash_attn_func(q, k, v, pack_gqa=False)
+        for pack in (None, True, False):
+            out = flash_attn_func(q, k, v, pack_gqa=pack)
+            assert out.shape == want.shape and not torch.isnan(out).any()
+        for pack in (-1, 0, 1):
+            out, lse = torch.ops.flash3.fwd(q, k, v, None, False, -1, -1, 0.0, False, pack)
+            out_kw, _ = torch.ops.flash3.fwd(q, k, v, pack_gqa=pack)
+            assert torch.equal(out, out_kw) and lse.shape == (2, 4, 64)
+    if flash3.backward_is_built(BF16, 128, 128):
+        q, k, v = (t.requires_grad_() for t in good(hk=2))
+        flash_attn_func(q, k, v, pack_gqa=True).sum().backward()
+        assert q.grad is not None and k.grad.shape == k.shape
 
 
 def test_softcap_is_accepted():
@@ -283,6 +339,11 @@ VARLEN_CASES = {
     "descale_not_implemented": (_vwith(k_descale=lambda a: torch.ones(1, device=DEV)), NotImplementedError,
                                 ["descale"]),
     "attention_chunk_not_implemented": (_vwith(attention_chunk=128), NotImplementedError, ["attention_chunk"]),
+    # pack_gqa: None (heuristic), True or False
+    "ok_pack_gqa_true": (_vwith(pack_gqa=True), None, []),
+    "ok_pack_gqa_false": (_vwith(pack_gqa=False), None, []),
+    "pack_gqa_str": (_vwith(pack_gqa="yes"), TypeError, ["pack_gqa", "'yes'"]),
+    "pack_gqa_float": (_vwith(pack_gqa=1.0), TypeError, ["pack_gqa", "float"]),
 }
 
 

@@ -20,6 +20,12 @@ as the C++ GPU reference does), softcap 5 and 30 over dtypes, head dims, masks a
 torch.compile and opcheck. They skip where the build lacks the softcap kernels (CMake
 FLASH3_FEATURES without "softcap").
 
+pack_gqa (PackGQA, forward only): GQA and MQA with pack_gqa None / True / False, seqlen_q 1, 7
+and 133 (one row, a partial group of rows, more than one tile once packed), no mask / causal /
+local, against the same reference with the same rules (the results do not depend on it); the
+backward after a packed forward; softcap and MHA with pack_gqa=True (no packed kernel: the
+unpacked one runs); torch.compile and opcheck with pack_gqa.
+
 Gradient tests skip (with the reason) while this build has no backward kernel for the case.
 """
 import random
@@ -82,7 +88,7 @@ def _assert_lse_close(lse, q, k, v, causal=False, window=(-1, -1), softmax_scale
 
 
 def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, what="", softcap=0.0,
-                   deterministic=False):
+                   deterministic=False, pack_gqa=None):
     """flash3 vs ref.attention_ref (explicit fp32 math, int64 mask): out and lse, then dq, dk, dv
     of a loss using both out and lse. q, k, v require grad. Returns flash3's (out, lse, grads)."""
     dtype = q.dtype
@@ -104,7 +110,7 @@ def _check_fwd_bwd(q, k, v, causal, window, softmax_scale=None, backward=True, w
 
     out, lse, grads = run(lambda: flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                                   window_size=window, softcap=softcap, deterministic=deterministic,
-                                                  return_lse=True))
+                                                  pack_gqa=pack_gqa, return_lse=True))
     out_r, _, grads_r = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=True,
                                                   softcap=softcap))
     out_b, _, grads_b = run(lambda: attention_ref(q, k, v, causal, window, softmax_scale, upcast=False,
@@ -648,6 +654,83 @@ def test_softcap_compile_and_opcheck():
     arg_lists = [(None, True, -1, -1, 30.0), (0.3, False, 64, 5, 5.0), (0.0, False, -1, -1, 1.0)]
     for scale, causal, wl, wr, softcap in arg_lists:
         torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, scale, causal, wl, wr, softcap, True),
+                              test_utils=tests)
+
+
+# ---------------------------------------------------------------------------
+# pack_gqa (PackGQA, forward only): the query heads of a KV head packed into one tile. Only the
+# speed depends on it: every value must meet the reference with the usual rules.
+# ---------------------------------------------------------------------------
+PACK_GQA = [None, True, False]
+PACK_IDS = ["packNone", "packTrue", "packFalse"]
+PACK_HEADS = {"gqa": (8, 2), "mqa": (4, 1)}
+PACK_SEQLENS = [(1, 300), (7, 300), (128 + 5, 300), (128 + 5, 64)]  # (seqlen_q, seqlen_k)
+PACK_MASKS = {"none": (False, (-1, -1)), "causal": (True, (-1, -1)), "local": (False, (17, 3))}
+PACK_HDIMS = [(64, 64), (128, 128), (192, 128)]
+
+
+@pytest.mark.parametrize("pack_gqa", PACK_GQA, ids=PACK_IDS)
+@pytest.mark.parametrize("mask", list(PACK_MASKS), ids=list(PACK_MASKS))
+@pytest.mark.parametrize("seqlens", PACK_SEQLENS, ids=[f"sq{a}_sk{b}" for a, b in PACK_SEQLENS])
+@pytest.mark.parametrize("heads", list(PACK_HEADS), ids=list(PACK_HEADS))
+@pytest.mark.parametrize("hdim", PACK_HDIMS, ids=[f"d{a}x{b}" for a, b in PACK_HDIMS])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_pack_gqa(dtype, hdim, heads, seqlens, mask, pack_gqa):
+    """out and softmax_lse (and, in bf16, the gradients of a loss using both: the backward never
+    packs, whatever the forward did) against the reference for every pack_gqa."""
+    d, dv = hdim
+    sq, sk = seqlens
+    hq, hk = PACK_HEADS[heads]
+    causal, window = PACK_MASKS[mask]
+    _skip_unless_built(dtype, d, dv)
+    backward = dtype == torch.bfloat16 and flash3.backward_is_built(dtype, d, dv)
+    seed = zlib.crc32(f"{d}x{dv}-{heads}-{sq}-{sk}".encode())
+    q, k, v = _inputs(2, sq, sk, hq, hk, d, dv, dtype, requires_grad=backward, seed=seed)
+    _check_fwd_bwd(q, k, v, causal, window, backward=backward, pack_gqa=pack_gqa,
+                   what=f" (pack_gqa={pack_gqa}, hq={hq}, hkv={hk}, causal={causal}, window={window})")
+
+
+@pytest.mark.parametrize("pack_gqa", PACK_GQA, ids=PACK_IDS)
+def test_pack_gqa_without_a_packed_kernel(pack_gqa):
+    """MHA and softcap have no packed kernel: pack_gqa=True runs the unpacked one (no error, same
+    results as pack_gqa=False)."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 133, 300, 4, 4, 128, 128, torch.bfloat16, seed=51)
+    want = flash_attn_func(q, k, v, causal=True, pack_gqa=False, return_lse=True)
+    got = flash_attn_func(q, k, v, causal=True, pack_gqa=pack_gqa, return_lse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "MHA: pack_gqa changed the result"
+    _check_fwd_bwd(q, k, v, True, (-1, -1), backward=False, pack_gqa=pack_gqa, what=f" (MHA, pack_gqa={pack_gqa})")
+    if softcap_built(torch.bfloat16, 128, 128):
+        q, k, v = _inputs(2, 7, 300, 8, 2, 128, 128, torch.bfloat16, seed=52)
+        want = flash_attn_func(q, k, v, softcap=30.0, pack_gqa=False, return_lse=True)
+        got = flash_attn_func(q, k, v, softcap=30.0, pack_gqa=pack_gqa, return_lse=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "softcap: pack_gqa changed the result"
+        _check_fwd_bwd(q, k, v, False, (-1, -1), backward=False, softcap=30.0, pack_gqa=pack_gqa,
+                       what=f" (softcap 30, pack_gqa={pack_gqa})")
+
+
+def test_pack_gqa_compile_and_opcheck():
+    """pack_gqa through torch.compile(fullgraph=True) computes what eager does; torch.library.opcheck
+    of fwd with an explicit pack_gqa (schema, fake implementation, autograd, AOT dispatch)."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    bwd = flash3.backward_is_built(torch.bfloat16, 128, 128)
+    q, k, v = _inputs(2, 7, 320, 8, 2, 128, 128, torch.bfloat16, requires_grad=bwd, seed=53)
+
+    def f(q, k, v):
+        a, la = flash_attn_func(q, k, v, causal=True, pack_gqa=True, deterministic=True, return_lse=True)
+        b = flash_attn_func(q, k, v, pack_gqa=False, window_size=(64, 5), deterministic=True)
+        c = flash_attn_func(q, k, v, pack_gqa=None, deterministic=True)
+        return a, la, b, c
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    for x, y in zip(compiled(q, k, v), f(q, k, v)):
+        assert torch.equal(x.detach(), y.detach()), "compiled differs from eager"
+    tests = ("test_schema", "test_faketensor")
+    if bwd:
+        tests += ("test_autograd_registration", "test_aot_dispatch_dynamic")
+    for pack in (-1, 0, 1):
+        torch.library.opcheck(torch.ops.flash3.fwd.default, (q, k, v, None, True, -1, -1, 0.0, True, pack),
                               test_utils=tests)
 
 

@@ -32,6 +32,11 @@ reference with the capped scores and the same rules; the special-length batch; d
 backward; torch.compile and opcheck with softcap. They skip where the build lacks the softcap
 kernels (CMake FLASH3_FEATURES without "softcap").
 
+pack_gqa (PackGQA, forward only; the heuristic packs every GQA/MQA varlen call): GQA and MQA
+with pack_gqa None / True / False, query lengths 1, 7 and 133 next to empty sequences, seqused
+and rows after cu_seqlens[-1], no mask / causal, forward and the backward after it against the
+same reference with the same rules; torch.compile and opcheck with pack_gqa.
+
 Also: CUDA graph capture and replay with new cu_seqlens / seqused values (forward, and forward +
 backward), torch.compile (fullgraph=True, forward and forward + backward), torch.library.opcheck.
 """
@@ -250,9 +255,10 @@ def _check_against_reference(out, lse, batch, causal, window, softmax_scale=None
                     f"{EPS_LSE:.0e} = {bound:.3e}; NaN entries: {nans}")
 
 
-def _run_and_check(batch, causal, window, softmax_scale=None, what="", softcap=0.0):
+def _run_and_check(batch, causal, window, softmax_scale=None, what="", softcap=0.0, pack_gqa=None):
     out, lse, poisoned = _call_on_poisoned_memory(
-        lambda: batch.call(softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap), batch)
+        lambda: batch.call(softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap,
+                           pack_gqa=pack_gqa), batch)
     if poisoned:
         _assert_untouched(out, lse, batch)
     _check_against_reference(out, lse, batch, causal, window, softmax_scale, what, softcap=softcap)
@@ -370,11 +376,12 @@ def test_return_conventions_and_positional_order():
 
 
 def test_performance_hints_are_ignored():
-    """num_splits, pack_gqa and sm_margin are accepted and ignored, as by flash_attn_func."""
+    """num_splits and sm_margin are accepted and ignored, as by flash_attn_func (pack_gqa is not
+    ignored: test_pack_gqa)."""
     _skip_unless_built(torch.bfloat16, 128, 128)
     b = Batch([300, 5, 700], [300, 900, 2], 8, 2, 128, 128, torch.bfloat16, seed=4)
     want_out, want_lse = b.call(causal=True)
-    for hints in ({"num_splits": 4}, {"num_splits": 0}, {"pack_gqa": True}, {"pack_gqa": False}, {"sm_margin": 8}):
+    for hints in ({"num_splits": 4}, {"num_splits": 0}, {"sm_margin": 8}):
         out, lse = b.call(causal=True, **hints)
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"{hints}"
 
@@ -749,6 +756,77 @@ def test_softcap_compile_and_opcheck():
     for scale, causal, wl, wr, softcap in [(None, True, -1, -1, 30.0), (0.3, False, 17, 2 ** 40, 5.0)]:
         torch.library.opcheck(op, (q, k, v, full.cu_q, full.cu_k, None, None, full.max_q, full.max_k, scale, causal,
                                    wl, wr, softcap, True),
+                              test_utils=tests)
+
+
+# ---------------------------------------------------------------------------
+# pack_gqa (PackGQA, forward only): only the speed depends on it.
+# ---------------------------------------------------------------------------
+PACK_GQA = [None, True, False]
+PACK_IDS = ["packNone", "packTrue", "packFalse"]
+PACK_HEADS = {"gqa": (8, 2), "mqa": (4, 1)}
+PACK_SEQLENS_Q = [1, 7, 128 + 5]
+PACK_HDIMS = [(64, 64), (128, 128), (192, 128)]
+
+
+def _pack_batch(sq, hq, hk, d, dv, seqused, seed):
+    """Sequences of sq queries (one of sq + 64) next to an empty one, over keys longer, shorter
+    (causal rows that see no key) and absent; rows after cu_seqlens_q[-1]."""
+    lens_q = [sq, 0, sq, sq + 64, sq]
+    lens_k = [300, 17, 1, 129, 0]
+    used_q = [sq, 0, max(sq - 3, 0), sq + 10, sq] if seqused else None
+    used_k = [250, 17, 1, 100, 0] if seqused else None
+    return Batch(lens_q, lens_k, hq, hk, d, dv, torch.bfloat16, used_q=used_q, used_k=used_k, pad_q=3, pad_k=2,
+                 seed=seed)
+
+
+@pytest.mark.parametrize("pack_gqa", PACK_GQA, ids=PACK_IDS)
+@pytest.mark.parametrize("seqused", [False, True], ids=["full", "seqused"])
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("sq", PACK_SEQLENS_Q, ids=[f"sq{s}" for s in PACK_SEQLENS_Q])
+@pytest.mark.parametrize("heads", list(PACK_HEADS), ids=list(PACK_HEADS))
+@pytest.mark.parametrize("hdim", PACK_HDIMS, ids=[f"d{a}x{b}" for a, b in PACK_HDIMS])
+def test_pack_gqa(hdim, heads, sq, causal, seqused, pack_gqa):
+    """Forward (unwritten rows left alone) and the backward after it (which never packs) against
+    the reference, for every pack_gqa."""
+    d, dv = hdim
+    _skip_unless_built(torch.bfloat16, d, dv)
+    hq, hk = PACK_HEADS[heads]
+    batch = _pack_batch(sq, hq, hk, d, dv, seqused, seed=zlib.crc32(f"{d}x{dv}-{heads}-{sq}".encode()))
+    what = f" [pack_gqa={pack_gqa}, hq={hq}, hkv={hk}, lens_q {batch.lens_q}, used_q {batch.used_q}, causal={causal}]"
+    _run_and_check(batch, causal, (-1, -1), what=what, pack_gqa=pack_gqa)
+    if flash3.backward_is_built(torch.bfloat16, d, dv):
+        _run_and_check_backward(batch, causal, (-1, -1), seed=sq, what=what, pack_gqa=pack_gqa)
+
+
+def test_pack_gqa_compile_and_opcheck():
+    """pack_gqa through torch.compile(fullgraph=True) computes what eager does (on the rows it
+    writes); torch.library.opcheck of varlen_fwd with an explicit pack_gqa."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    b = _pack_batch(7, 8, 2, 128, 128, True, seed=38)
+    w = b.written_rows()
+
+    def f(q, k, v, cu_q, cu_k, used_q, used_k):
+        return [flash_attn_varlen_func(q, k, v, cu_q, cu_k, b.max_q, b.max_k, seqused_q=used_q, seqused_k=used_k,
+                                       causal=True, pack_gqa=pack, return_attn_probs=True)
+                for pack in PACK_GQA]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    args = (b.q, b.k, b.v, b.cu_q, b.cu_k, b.seqused_q, b.seqused_k)
+    with torch.no_grad():
+        for (out, lse), (want_out, want_lse) in zip(compiled(*args), f(*args)):
+            assert torch.equal(out[w], want_out[w]) and torch.equal(lse[:, w], want_lse[:, w])
+    op = torch.ops.flash3.varlen_fwd.default
+    full = Batch([7, 0, 133, 1], [150, 7, 333, 0], 8, 2, 128, 128, torch.bfloat16, seed=39)
+    tests = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    bwd = flash3.backward_is_built(torch.bfloat16, 128, 128)
+    if bwd:
+        tests += ("test_autograd_registration",)
+    q, k, v = (t.detach().requires_grad_(bwd) for t in (full.q, full.k, full.v))
+    for pack in (-1, 0, 1):
+        torch.library.opcheck(op, (q, k, v, full.cu_q, full.cu_k, None, None, full.max_q, full.max_k, None, True,
+                                   -1, -1, 0.0, True, pack),
                               test_utils=tests)
 
 

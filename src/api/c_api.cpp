@@ -84,11 +84,14 @@ flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorV
 // has the field iff its struct_size is at least this.
 #define FLASH3_OPTIONS_END(field) (offsetof(flash3_options, field) + sizeof(flash3_options::field))
 
-// struct_size values this library accepts. Only this header's size so far (no
-// older layout was ever released). When a later version appends fields, the
-// size of each released layout is added here; the fields such a smaller struct
-// lacks are then skipped below (has()) and keep their defaults.
-bool accepted_options_size(uint32_t size) { return size == sizeof(flash3_options); }
+// struct_size values this library accepts: this header's size and that of
+// the layout before pack_gqa (ending at seqused_k), whose callers keep working;
+// the fields a smaller struct lacks are skipped below (has()) and keep their
+// defaults. The first layout (ending at max_seqlen_k) was replaced before
+// any release and stays rejected.
+bool accepted_options_size(uint32_t size) {
+  return size == sizeof(flash3_options) || size == FLASH3_OPTIONS_END(seqused_k);
+}
 
 // NULL -> the defaults. struct_size says which fields the caller's header had.
 flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) {
@@ -111,10 +114,11 @@ flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) 
   r->max_seqlen_q = o->max_seqlen_q;
   r->max_seqlen_k = o->max_seqlen_k;
   // Appended later: read only from a struct that has them (an older,
-  // smaller one keeps the defaults: fixed length).
+  // smaller one keeps the defaults: fixed length, pack_gqa -1).
   if (has(FLASH3_OPTIONS_END(num_sequences))) r->num_sequences = o->num_sequences;
   if (has(FLASH3_OPTIONS_END(seqused_q))) r->seqused_q = o->seqused_q;
   if (has(FLASH3_OPTIONS_END(seqused_k))) r->seqused_k = o->seqused_k;
+  if (has(FLASH3_OPTIONS_END(pack_gqa))) r->pack_gqa = o->pack_gqa;
   return flash3::Status::Ok();
 }
 
@@ -159,6 +163,7 @@ flash3_options flash3_default_options(void) {
   o.num_sequences = 0;
   o.seqused_q = nullptr;
   o.seqused_k = nullptr;
+  o.pack_gqa = -1;
   return o;
 }
 

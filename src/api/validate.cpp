@@ -166,6 +166,10 @@ Status check_options(const AttentionOptions& o) {
                            "is not supported: the online softmax tracks the row maximum of the unscaled scores)");
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     return Status::Invalid("opts.softcap is " + fmt_float(o.softcap) + "; expected a finite value >= 0 (0 disables)");
+  // Checked for the backward too (shared options), which otherwise ignores it.
+  if (o.pack_gqa < -1 || o.pack_gqa > 1)
+    return Status::Invalid("opts.pack_gqa is " + std::to_string(o.pack_gqa) +
+                           "; expected -1 (heuristic), 0 (off) or 1 (on)");
   return Status::Ok();
 }
 
@@ -745,6 +749,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   // the gradients use the exact 0.
   p.softmax_scale_log2 = p.softmax_scale > 0.f ? p.softmax_scale * kLog2e : std::numeric_limits<float>::min();
   p.softcap = args.opts.softcap;
+  p.pack_gqa = args.opts.pack_gqa;  // launch_forward decides (fwd_pack_gqa)
 
   // Varlen: the window is normalised with the longest sequence (a side that
   // cuts nothing in it cuts nothing in any sequence).

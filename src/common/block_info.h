@@ -31,10 +31,10 @@ struct NBlockRange {
   CUTLASS_HOST_DEVICE bool empty() const { return n_max <= n_min; }
 };
 
-CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
+// The KV blocks that query rows [row_first, row_last] visit (row_last may
+// exceed seqlen_q: padded rows only widen the range).
+CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range_rows(const MaskSpec& m, int row_first, int row_last, int tile_n) {
   NBlockRange r;
-  const int row_first = m_block * tile_m;
-  const int row_last = row_first + tile_m - 1;  // may exceed seqlen_q: padded rows only widen the range
   int n_max = ceil_div_int(m.seqlen_k, tile_n);
   if (m.has_right()) {
     // Last visible column of the tile's last row, inclusive.
@@ -55,6 +55,21 @@ CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range(const MaskSpec& m, int m_block
       ? imin(n_max, imax(n_min, ceil_div_int(row_last + m.offset() - m.window_left, tile_n)))
       : n_min;
   return r;
+}
+
+CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
+  const int row_first = m_block * tile_m;
+  return fwd_n_block_range_rows(m, row_first, row_first + tile_m - 1, tile_n);
+}
+
+// PackGQA (seed ch. 11): the query heads sharing a KV head are packed into the
+// tile's rows, packed row p holding query row p / g of head p % g of the group
+// (g query heads per KV head), so m_block covers query rows
+// [m_block * tile_m / g, ((m_block + 1) * tile_m - 1) / g].
+CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range_packed(const MaskSpec& m, int m_block, int tile_m, int tile_n,
+                                                        int g) {
+  const int packed_first = m_block * tile_m;
+  return fwd_n_block_range_rows(m, packed_first / g, (packed_first + tile_m - 1) / g, tile_n);
 }
 
 // Backward: which query blocks KV block n_block visits. Exactly the transpose of

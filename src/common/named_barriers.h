@@ -17,6 +17,11 @@ enum class FwdBarrier : int {
   kWarpSchedulerWG1 = 1,
   kWarpSchedulerWG2 = 2,
   kWarpSchedulerWG3 = 3,
+  // PackGQA: warpgroup w's threads have loaded its 64 Q rows (kPackedQWG1 + w,
+  // 128 participants) before its first QK^T WGMMA reads them.
+  kPackedQWG1 = 4,
+  kPackedQWG2 = 5,
+  kPackedQWG3 = 6,
 };
 
 // Backward (seed 7.4.1). Ids are reused from the forward's: a kernel is one or the other.

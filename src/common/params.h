@@ -29,6 +29,9 @@ struct FwdParams {
   float softmax_scale = 0.f;       // already defaulted to 1/sqrt(d)
   float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e); with softcap the launches use score_mod_scales()
   float softcap = 0.f;             // 0: off (ScoreModIdentity units), > 0: ScoreModSoftcap units
+  // PackGQA request (AttentionOptions::pack_gqa): -1 heuristic, 0 off, 1 on;
+  // fwd_pack_gqa() (launch/dispatch.h) decides. The backward ignores it.
+  int pack_gqa = -1;
 
   // Variable length (cu_seqlens_q set): batch = number of sequences,
   // seqlen_q / seqlen_k = total rows of q / k, the batch strides unused (0),

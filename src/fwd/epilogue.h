@@ -18,11 +18,11 @@ struct FwdEpilogue {
   using Params = typename Traits::Params;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
+  using TiledMmaPV = typename Traits::TiledMmaPV;
 
   template <class TensorO, int kNRows>
   CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, TileCoord tile, MaskSpec const& mask,
                                    TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
-    using TiledMmaPV = typename Traits::TiledMmaPV;
     TiledMmaPV tiled_mma_pv;
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
 
@@ -48,8 +48,14 @@ struct FwdEpilogue {
     Tensor taccOsO = smem_thr_copy_O.partition_D(sO);
     copy(smem_tiled_copy_O, taccOrO, taccOsO);
     // Generic-proxy smem writes must be visible to the async proxy (TMA store).
-    cutlass::arch::fence_view_async_shared();
+    if constexpr (!Traits::kPackGQA) cutlass::arch::fence_view_async_shared();
     named_barrier_sync(Traits::kNumMmaThreads, FwdBarrier::kEpilogue);
+
+    if constexpr (Traits::kPackGQA) {
+      store_lse_packed(params, tile, mask, lse, thread_idx);
+      store_o_packed(params, sO, tile, mask, thread_idx);
+      return;
+    }
 
     // LSE: the thread holding column 0 of a row writes it (rows past seqlen_q skipped).
     if (params.lse != nullptr) {
@@ -94,6 +100,61 @@ struct FwdEpilogue {
       }
       tma_store_arrive();
       if constexpr (!Traits::kPersistent) tma_store_wait<0>();
+    }
+  }
+
+  // PackGQA LSE: packed row p is (query row p / g, head p % g of the group).
+  template <int kNRows>
+  CUTLASS_DEVICE static void store_lse_packed(Params const& params, TileCoord tile, MaskSpec const& mask,
+                                              float const (&lse)[kNRows], int thread_idx) {
+    if (params.lse == nullptr) return;
+    TiledMmaPV tiled_mma_pv;
+    auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+    Tensor tOcO = thr_pv.partition_C(cO);
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+    if (get<1>(tOcO_rc(0, 0)) != 0) return;
+    // Fixed length: (batch, heads, seqlen_q); varlen: (heads, total_q).
+    float* lse_ptr = params.lse + int64_t(tile.head) * params.heads_per_kv * params.lse_head_stride;
+    if constexpr (Traits::kVarlen) {
+      lse_ptr += params.varlen.seqs[tile.batch].offset_q;
+    } else {
+      lse_ptr += int64_t(tile.batch) * params.lse_batch_stride;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) {
+      int q_row, head;
+      params.heads_per_kv_divmod(q_row, head, tile.m_block * kBlockM + get<0>(tOcO_rc(r, 0)));
+      if (q_row < mask.seqlen_q) lse_ptr[int64_t(head) * params.lse_head_stride + q_row] = lse[r];
+    }
+  }
+
+  // PackGQA O: every consumer thread scatters 16-byte pieces of sO (staged by
+  // the STSM above, complete at the barrier) to their rows; rows past the
+  // sequence are not written. One tile per CTA: sO is not reused afterwards.
+  template <class TensorSO>
+  CUTLASS_DEVICE static void store_o_packed(Params const& params, TensorSO const& sO, TileCoord tile,
+                                            MaskSpec const& mask, int thread_idx) {
+    using Vec = cute::uint128_t;
+    constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
+    constexpr int kVecsPerRow = Traits::kHeadDimV / kVec;
+    static_assert(Traits::kHeadDimV % kVec == 0, "O rows are copied in 16-byte pieces");
+    int64_t seq_offset;
+    if constexpr (Traits::kVarlen) {
+      seq_offset = int64_t(params.varlen.seqs[tile.batch].offset_q) * params.o_row_stride;
+    } else {
+      seq_offset = int64_t(tile.batch) * params.o_batch_stride;
+    }
+    Element* o = params.o_ptr + seq_offset + int64_t(tile.head) * params.heads_per_kv * params.o_head_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = thread_idx; i < kBlockM * kVecsPerRow; i += Traits::kNumMmaThreads) {
+      const int r = i / kVecsPerRow, c = i % kVecsPerRow;
+      int q_row, head;
+      params.heads_per_kv_divmod(q_row, head, tile.m_block * kBlockM + r);
+      if (q_row < mask.seqlen_q) {
+        *reinterpret_cast<Vec*>(o + int64_t(q_row) * params.o_row_stride + int64_t(head) * params.o_head_stride +
+                                c * kVec) = *reinterpret_cast<Vec const*>(&sO(r, c * kVec));
+      }
     }
   }
 

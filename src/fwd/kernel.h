@@ -85,15 +85,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   if constexpr (Traits::kPersistent) {
     first = int(blockIdx.x);
     stride = int(gridDim.x);
-    count = Scheduler::num_tiles(params.num_m_blocks, params.heads_q, params.batch);
+    count = Scheduler::num_tiles(params.num_m_blocks, params.tile_heads, params.batch);
   }
   auto tile_at = [&](int linear) {
     if constexpr (Traits::kVarlen) {
       return varlen_tile;
     } else if constexpr (Traits::kPersistent) {
-      return Scheduler::tile_at(linear, params.num_m_blocks, params.heads_q, params.batch, params.tile_order);
+      return Scheduler::tile_at(linear, params.num_m_blocks, params.tile_heads, params.batch, params.tile_order);
     } else {
-      return Scheduler::tile(params.num_m_blocks, params.heads_q, params.tile_order);
+      return Scheduler::tile(params.num_m_blocks, params.tile_heads, params.tile_order);
     }
   };
 
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           const int linear = receive_tile(n);
           if (linear >= count) break;
           const TileCoord tile = tile_at(linear);
-          const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
           const int q_empty_phase = n > 0 ? (n - 1) & 1 : -1;
           if (!range.empty()) {
             FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write, q_empty_phase);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
         for (int linear = first; linear < count; linear += stride) {
           const TileCoord tile = tile_at(linear);
-          const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
           if (range.empty()) continue;
           FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write,
                                     loaded > 0 ? (loaded - 1) & 1 : -1);
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const int linear = receive_tile(n);
         if (linear >= count) break;
         const TileCoord tile = tile_at(linear);
-        const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       // kernel differently, 3-5% slower.
       for (int linear = first; linear < count; linear += stride) {
         const TileCoord tile = tile_at(linear);
-        const NBlockRange range = fwd_n_block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN);
+        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);

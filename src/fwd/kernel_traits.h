@@ -3,6 +3,7 @@
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/fast_math.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/seqlen.h"
@@ -31,13 +32,18 @@ struct OneTileConfig {
 };
 
 template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false,
-          class ScoreMod_ = ScoreModIdentity>
+          class ScoreMod_ = ScoreModIdentity, bool kPackGQA_ = false>
 struct FwdTraits {
   using Element = Element_;
   using Mask = Mask_;
   using ScoreMod = ScoreMod_;  // fusion/score_mod.h
   // Variable-length batches: per-sequence tensor maps (SeqlenInfo, varlen_prep.h).
   static constexpr bool kVarlen = kVarlen_;
+  // PackGQA (seed ch. 11): a tile's rows are (query row, query head) pairs of
+  // one KV head's group, packed row p = query row * g + head in group; Q is
+  // gathered and O scattered by the consumer threads (a tensor map's box cannot
+  // follow the (row, head) pairs for every g), K/V still come by TMA.
+  static constexpr bool kPackGQA = kPackGQA_;
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -62,6 +68,7 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0, "tile_n must be a multiple of 16 (WGMMA K of the PV GEMM)");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims must be multiples of 16");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
+  static_assert(!kPackGQA || !kPersistent, "PackGQA tiles run one per CTA (the consumers load Q)");
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;
@@ -155,10 +162,11 @@ struct FwdTraits {
     float* lse;
     int64_t lse_batch_stride, lse_head_stride;
     MaskSpec mask;
-    int heads_q, heads_per_kv, num_m_blocks;
+    int tile_heads;  // heads the scheduler spans: query heads, KV heads under PackGQA
+    int heads_per_kv, num_m_blocks;
     float softmax_scale, softmax_scale_log2;
     int tile_order;  // LptTileScheduler order: < 0 plain, 0 global longest-first, G grouped
-    int batch;       // PersistentTileScheduler: tiles = num_m_blocks x heads_q x batch
+    int batch;       // PersistentTileScheduler: tiles = num_m_blocks x tile_heads x batch
   };
   // Varlen launches add the prep kernel's outputs: four tensor maps per
   // sequence (q, k, v, out: TMA then never crosses a sequence boundary), the
@@ -172,7 +180,17 @@ struct FwdTraits {
   struct ScoreModParams : BaseParams {
     float score_mod_scale;
   };
-  using Params = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
+  using ModParams = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
+  // PackGQA gathers Q and scatters O through plain pointers (strides in
+  // elements; varlen adds the sequence's offset_q rows instead of a batch).
+  struct PackGQAParams : ModParams {
+    const Element* q_ptr;
+    Element* o_ptr;
+    int64_t q_row_stride, q_head_stride, q_batch_stride;
+    int64_t o_row_stride, o_head_stride, o_batch_stride;
+    cutlass::FastDivmod heads_per_kv_divmod;  // g = heads_per_kv
+  };
+  using Params = std::conditional_t<kPackGQA, PackGQAParams, ModParams>;
 };
 
 }  // namespace flash3

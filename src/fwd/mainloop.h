@@ -42,7 +42,8 @@ struct FwdMainloop {
                                   MainloopPipeline& pipeline_v, TileCoord tile, MaskSpec const& mask,
                                   NBlockRange range, PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
-    const int head_kv = tile.head / params.heads_per_kv;
+    // PackGQA tiles are per KV head already.
+    const int head_kv = Traits::kPackGQA ? tile.head : tile.head / params.heads_per_kv;
     // Fixed length: the launch's tensor maps, batch as the last coordinate.
     // Varlen: the sequence's own maps (batch extent 1), whose row extents end
     // at the sequence's end; acquired first (the prep kernel released its edits).
@@ -111,13 +112,15 @@ struct FwdMainloop {
     int n_block = range.n_max - 1;
     // K first: the consumers' first GEMM needs K and Q, not V.
     load_k(n_block, write);
-    if (q_empty_phase >= 0) ss.barrier_q_empty.wait(q_empty_phase);
-    ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
-    auto& bar_q = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q);
-    if constexpr (Traits::kVarlen) {
-      copy(params.tma_load_q.with(desc_q, bar_q), tQgQ, tQsQ);
-    } else {
-      copy(params.tma_load_q.with(bar_q, 0), tQgQ, tQsQ);
+    if constexpr (!Traits::kPackGQA) {  // (PackGQA: the consumers gather Q, load_q_packed)
+      if (q_empty_phase >= 0) ss.barrier_q_empty.wait(q_empty_phase);
+      ss.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
+      auto& bar_q = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier::ValueType&>(ss.barrier_q);
+      if constexpr (Traits::kVarlen) {
+        copy(params.tma_load_q.with(desc_q, bar_q), tQgQ, tQsQ);
+      } else {
+        copy(params.tma_load_q.with(bar_q, 0), tQgQ, tQsQ);
+      }
     }
     if constexpr (Traits::kIntraWGOverlap) {
       // Consumption order is K(j), V(j+1): issue loads in that order.
@@ -161,6 +164,71 @@ struct FwdMainloop {
     }
   }
 
+  // The KV blocks tile m_block visits (PackGQA: its packed rows' query rows).
+  CUTLASS_DEVICE static NBlockRange n_block_range(Params const& params, MaskSpec const& mask, int m_block) {
+    if constexpr (Traits::kPackGQA) {
+      return fwd_n_block_range_packed(mask, m_block, kBlockM, kBlockN, params.heads_per_kv);
+    } else {
+      return fwd_n_block_range(mask, m_block, kBlockM, kBlockN);
+    }
+  }
+
+  // Packed row -> query row (mask), or the identity.
+  CUTLASS_DEVICE static auto row_to_query(Params const& params) {
+    if constexpr (Traits::kPackGQA) {
+      return PackedRowToQuery{params.heads_per_kv_divmod};
+    } else {
+      return RowIsQuery{};
+    }
+  }
+
+  // PackGQA: the tile's first Q / O element of packed row p = (query row q,
+  // head j in the group): base + q * row_stride + (head_kv * g + j) * head_stride.
+  // Fixed length: base is the batch's; varlen: the sequence's first row.
+  CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, TileCoord tile, int64_t batch_stride,
+                                                  int64_t row_stride) {
+    if constexpr (Traits::kVarlen) {
+      return int64_t(params.varlen.seqs[tile.batch].offset_q) * row_stride;
+    } else {
+      return int64_t(tile.batch) * batch_stride;
+    }
+  }
+
+  // PackGQA Q: each consumer warpgroup gathers its own 64 rows of sQ (the
+  // rows its QK^T WGMMAs read) with 16-byte cp.async, rows past the
+  // sequence zero-filled, then makes them visible to the WGMMAs (async proxy)
+  // and syncs its 128 threads. The producer meanwhile loads K.
+  CUTLASS_DEVICE static void load_q_packed(Params const& params, SharedStorage& ss, TileCoord tile,
+                                           MaskSpec const& mask, int thread_idx) {
+    using Vec = cute::uint128_t;
+    constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
+    constexpr int kVecsPerRow = Traits::kHeadDim / kVec;
+    static_assert(Traits::kHeadDim % kVec == 0, "Q rows are copied in 16-byte pieces");
+    const int wg = thread_idx / 128;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    const Element* q = params.q_ptr + packed_seq_offset(params, tile, params.q_batch_stride, params.q_row_stride) +
+                       int64_t(tile.head) * params.heads_per_kv * params.q_head_stride;
+    const int row0 = tile.m_block * kBlockM + wg * 64;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = thread_idx % 128; i < 64 * kVecsPerRow; i += 128) {
+      const int r = i / kVecsPerRow, c = i % kVecsPerRow;
+      int q_row, head;
+      params.heads_per_kv_divmod(q_row, head, row0 + r);
+      const bool valid = q_row < mask.seqlen_q;
+      // (A row past the sequence reads nothing: cp.async with 0 source bytes.)
+      const Element* src = valid ? q + int64_t(q_row) * params.q_row_stride + int64_t(head) * params.q_head_stride +
+                                       c * kVec
+                                 : q;
+      // 16-byte pieces stay contiguous under every WGMMA smem swizzle (its unit is 16 bytes).
+      Vec& dst = *reinterpret_cast<Vec*>(&sQ(wg * 64 + r, c * kVec));
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<Vec>::copy(*reinterpret_cast<const Vec*>(src), dst, valid);
+    }
+    cp_async_fence();
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();  // generic-proxy smem writes -> WGMMA operand reads
+    named_barrier_sync(128, static_cast<int>(FwdBarrier::kPackedQWG1) + wg);
+  }
+
   // The score modifier, before the mask (masked scores must end as -inf).
   template <class TensorS>
   CUTLASS_DEVICE static void modify_scores(Params const& params, TensorS& tSrS) {
@@ -168,12 +236,12 @@ struct FwdMainloop {
   }
 
   template <bool kSeqlen, bool kRight, bool kLeft, class TensorS, class TensorC>
-  CUTLASS_DEVICE static void mask_scores(TensorS& tSrS, TensorC const& tScS, MaskSpec const& mask, int m_block,
-                                         int n_block) {
+  CUTLASS_DEVICE static void mask_scores(Params const& params, TensorS& tSrS, TensorC const& tScS,
+                                         MaskSpec const& mask, int m_block, int n_block) {
     if constexpr (kSeqlen || kRight || kLeft) {
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor c = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-      apply_mask<kSeqlen, kRight, kLeft>(s, c, mask, m_block * kBlockM, n_block * kBlockN);
+      apply_mask<kSeqlen, kRight, kLeft>(s, c, mask, m_block * kBlockM, n_block * kBlockN, row_to_query(params));
     }
   }
 
@@ -216,7 +284,11 @@ struct FwdMainloop {
     };
 
     clear(tOrO);
-    ss.barrier_q.wait(q_phase);
+    if constexpr (Traits::kPackGQA) {
+      load_q_packed(params, ss, tile, mask, thread_idx);
+    } else {
+      ss.barrier_q.wait(q_phase);
+    }
 
     int n_block = range.n_max - 1;
 
@@ -230,7 +302,7 @@ struct FwdMainloop {
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
       modify_scores(params, tSrS);
-      mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(tSrS, tScS, mask, tile.m_block, n_block);
+      mask_scores<true, Mask::kHasRight, Mask::kHasLeft>(params, tSrS, tScS, mask, tile.m_block, n_block);
       Tensor s = rowcol(tSrS);
       softmax.template step<true, Traits::kRescaleSlack>(s, row_scale);
       if constexpr (Traits::kIntraWGOverlap) {
@@ -264,7 +336,7 @@ struct FwdMainloop {
         warpgroup_wait<1>();  // S ready; the PV GEMM may still run
         pipeline_k.consumer_release(read);
         modify_scores(params, tSrS);
-        mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
+        mask_scores<kS, kR, kL>(params, tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
@@ -283,7 +355,7 @@ struct FwdMainloop {
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
         modify_scores(params, tSrS);
-        mask_scores<kS, kR, kL>(tSrS, tScS, mask, tile.m_block, n);
+        mask_scores<kS, kR, kL>(params, tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         Tensor o = rowcol(tOrO);

@@ -5,6 +5,7 @@
 #include "launch/dispatch.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include <cutlass/numeric_types.h>
 
@@ -20,6 +21,8 @@ template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_fwd(const FwdParams& params, cudaStream_t stream);
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
 Status run_bwd(const BwdParams& params, cudaStream_t stream);
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_fwd_packed(const FwdParams& params, cudaStream_t stream);
 
 // One kernel_table.inc row per (pass, dtype, head_dim, head_dim_v, score
 // modifier) unit; SM is the policy type (fusion/score_mod.h).
@@ -27,9 +30,11 @@ bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mo
 #define FLASH3_FWD(E, T, D, DV, SM) \
   if (dtype == DType::E && head_dim == D && head_dim_v == DV && mod == SM::kKind) return true;
 #define FLASH3_BWD(E, T, D, DV, SM)
+#define FLASH3_FWD_PACKGQA(E, T, D, DV)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
   return false;
 }
 
@@ -37,10 +42,44 @@ bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mo
 #define FLASH3_FWD(E, T, D, DV, SM)
 #define FLASH3_BWD(E, T, D, DV, SM) \
   if (dtype == DType::E && head_dim == D && head_dim_v == DV && mod == SM::kKind) return true;
+#define FLASH3_FWD_PACKGQA(E, T, D, DV)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
   return false;
+}
+
+bool fwd_pack_kernel_built(DType dtype, int head_dim, int head_dim_v) {
+#define FLASH3_FWD(E, T, D, DV, SM)
+#define FLASH3_BWD(E, T, D, DV, SM)
+#define FLASH3_FWD_PACKGQA(E, T, D, DV) \
+  if (dtype == DType::E && head_dim == D && head_dim_v == DV) return true;
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
+  return false;
+}
+
+// PackGQA pays a gather/scatter of Q and O by the consumer threads and a
+// division per row for the mask and the stores; it wins where the unpacked
+// tiles are mostly padding (few query rows per head: decode, chunked prefill)
+// or where K/V are read once per head instead of once per group. The rule:
+// pack when the unpacked tiles' fill (real rows / tile rows) is below 0.9 of
+// the packed tiles' fill. Varlen always packs: the host does not know the
+// lengths, and short sequences are the common case there.
+bool fwd_pack_gqa(const FwdParams& p) {
+  if (p.heads_kv <= 0 || p.heads_q <= p.heads_kv || p.pack_gqa == 0) return false;
+  if (score_mod_kind(p) != ScoreModKind::kIdentity) return false;
+  if (!fwd_pack_kernel_built(p.dtype, p.head_dim, p.head_dim_v)) return false;
+  const int g = p.heads_q / p.heads_kv;
+  const int tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, p.is_local).tile_m;
+  // Packed row indices (seqlen_q x g, rounded up to a tile) are int32 in the kernel.
+  if (int64_t(p.seqlen_q) * g + tile_m >= int64_t(INT32_MAX)) return false;
+  if (p.pack_gqa == 1 || p.varlen) return true;
+  auto fill = [tile_m](int64_t rows) { return double(rows) / double((rows + tile_m - 1) / tile_m * tile_m); };
+  return p.seqlen_q > 0 && fill(p.seqlen_q) < 0.9 * fill(int64_t(p.seqlen_q) * g);
 }
 
 static Status not_built(const char* pass, const FwdParams& p) {
@@ -51,15 +90,29 @@ static Status not_built(const char* pass, const FwdParams& p) {
 }
 
 Status launch_forward(const FwdParams& params, cudaStream_t stream) {
+  if (fwd_pack_gqa(params)) {
+#define FLASH3_FWD(E, T, D, DV, SM)
+#define FLASH3_BWD(E, T, D, DV, SM)
+#define FLASH3_FWD_PACKGQA(E, T, D, DV)                                                     \
+  if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
+    return run_fwd_packed<T, D, DV>(params, stream);                                        \
+  }
+#include "kernel_table.inc"
+#undef FLASH3_FWD
+#undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
+  }
   const ScoreModKind mod = score_mod_kind(params);
 #define FLASH3_FWD(E, T, D, DV, SM)                                                                            \
   if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV && mod == SM::kKind) { \
     return run_fwd<T, D, DV, SM>(params, stream);                                                              \
   }
 #define FLASH3_BWD(E, T, D, DV, SM)
+#define FLASH3_FWD_PACKGQA(E, T, D, DV)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
   return not_built("forward", params);
 }
 
@@ -70,9 +123,11 @@ Status launch_backward(const BwdParams& params, cudaStream_t stream) {
   if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV && mod == SM::kKind) { \
     return run_bwd<T, D, DV, SM>(params, stream);                                                              \
   }
+#define FLASH3_FWD_PACKGQA(E, T, D, DV)
 #include "kernel_table.inc"
 #undef FLASH3_FWD
 #undef FLASH3_BWD
+#undef FLASH3_FWD_PACKGQA
   return not_built("backward", params);
 }
 

@@ -11,6 +11,12 @@ namespace flash3 {
 // is built (the manifest's feature axis).
 bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod = ScoreModKind::kIdentity);
 bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod = ScoreModKind::kIdentity);
+// Whether the PackGQA forward unit of (dtype, head_dim, head_dim_v) is built.
+bool fwd_pack_kernel_built(DType dtype, int head_dim, int head_dim_v);
+// Whether launch_forward packs the query heads of a KV head into one tile
+// (PackGQA) for this problem: params.pack_gqa (1 on, 0 off, -1 heuristic)
+// where a packed unit exists (GQA/MQA, no softcap), else false.
+bool fwd_pack_gqa(const FwdParams& params);
 // Launches the forward for validated params (mask variant chosen inside).
 Status launch_forward(const FwdParams& params, cudaStream_t stream);
 // Launches preprocess, main kernel and postprocess for validated params;

@@ -76,9 +76,24 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.lse_batch_stride = p.lse_batch_stride;
   kp.lse_head_stride = p.lse_head_stride;
   kp.mask = make_mask_spec(p);
-  kp.heads_q = p.heads_q;
+  kp.tile_heads = p.heads_q;
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if constexpr (Traits::kPackGQA) {
+    // Tiles per KV head over seqlen_q x g packed rows (fwd_pack_gqa keeps
+    // that product, and the packed row index, below 2^31).
+    kp.tile_heads = p.heads_kv;
+    kp.num_m_blocks = int((int64_t(p.seqlen_q) * kp.heads_per_kv + Traits::kBlockM - 1) / Traits::kBlockM);
+    kp.q_ptr = static_cast<Element const*>(p.q);
+    kp.o_ptr = static_cast<Element*>(p.o);
+    kp.q_row_stride = p.q_row_stride;
+    kp.q_head_stride = p.q_head_stride;
+    kp.q_batch_stride = p.q_batch_stride;
+    kp.o_row_stride = p.o_row_stride;
+    kp.o_head_stride = p.o_head_stride;
+    kp.o_batch_stride = p.o_batch_stride;
+    kp.heads_per_kv_divmod = cutlass::FastDivmod(kp.heads_per_kv);
+  }
   // The score modifier's scales (identity: the plain softmax_scale pair).
   const ScoreModScales sc =
       score_mod_scales(p.softmax_scale, p.softmax_scale_log2, Traits::ScoreMod::kEnabled ? p.softcap : 0.f);
@@ -102,9 +117,9 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
   if constexpr (Traits::kPersistent) {
     int num_sms = 0;
     FLASH3_RETURN_IF_ERROR(current_sm_count(&num_sms));
-    grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, num_sms);
+    grid = Scheduler::grid(kp.num_m_blocks, kp.tile_heads, p.batch, num_sms);
   } else {
-    grid = Scheduler::grid(kp.num_m_blocks, p.heads_q, p.batch, kp.tile_order);
+    grid = Scheduler::grid(kp.num_m_blocks, kp.tile_heads, p.batch, kp.tile_order);
   }
   if constexpr (Traits::kPersistent && Scheduler::kDynamic) {
     // The tile counter: stream-ordered scratch, zeroed before the kernel (one
@@ -160,7 +175,9 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
   kp.tile_order = -1;
   kp.batch = p.batch;
-  const int64_t bound = varlen_tiles_bound(p.seqlen_q, p.batch, Traits::kBlockM);
+  // PackGQA: each sequence has seqlen_q x g packed rows.
+  const int64_t rows = int64_t(p.seqlen_q) * (Traits::kPackGQA ? kp.heads_per_kv : 1);
+  const int64_t bound = varlen_tiles_bound(rows, p.batch, Traits::kBlockM);
   if (bound > int64_t(INT32_MAX)) return Status::Invalid("varlen: more than 2^31 query tiles");
   void* scratch = nullptr;
   FLASH3_CUDA_TRY(cudaMallocAsync(&scratch, varlen_scratch_bytes(p.batch, bound), stream));
@@ -178,7 +195,7 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
                            varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a);
   if (s.ok()) {
     constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
-    s = launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), p.heads_q),
+    s = launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), kp.tile_heads),
                                    dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp,
                                    static_cast<int*>(nullptr));
   }
@@ -191,10 +208,34 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
 // measured 0.970 / 0.997 of the fixed-length kernel at 8k / 16k against
 // 0.888 / 0.913 for the two-warpgroup sliding-window tile, which does not
 // spill; docs/performance.md.)
-template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal>
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal,
+          bool kPackGQA = false>
 Status run_fwd_varlen_mask(const FwdParams& p, cudaStream_t stream) {
   using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
-  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod>>(p, stream);
+  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod, kPackGQA>>(p, stream);
+}
+
+// PackGQA (fixed length): the varlen tile shapes (one tile per CTA), causal
+// and local tiles in longest-first order.
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
+Status run_fwd_packed_mask(const FwdParams& p, cudaStream_t stream) {
+  using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
+  using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, false, ScoreModIdentity, true>;
+  return launch_fwd_variant<Traits, Scheduler>(p, stream);
+}
+
+// The PackGQA unit's entry (the manifest's "packgqa" feature; dispatch.cu
+// calls it where fwd_pack_gqa says so).
+template <class Element, int kHeadDim, int kHeadDimV>
+Status run_fwd_packed(const FwdParams& p, cudaStream_t stream) {
+  if (p.varlen) {
+    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskLocal, true, true>(p, stream);
+    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskCausal, true, true>(p, stream);
+    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskNone, false, true>(p, stream);
+  }
+  if (p.is_local) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
+  if (p.is_causal) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
+  return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, class Scheduler,

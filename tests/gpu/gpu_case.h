@@ -259,6 +259,13 @@ inline bool softcap_built(DType dt, HeadDims h, bool backward) {
   return !backward || (flash3::backward_is_built(dt, h.d, h.dv) && variant_listed("bwd", dt, h, "softcap"));
 }
 
+// The PackGQA forward unit of (dtype, head dims) is built, next to the plain
+// kernel (test_packgqa_gpu.cpp). Without it opts.pack_gqa = 1 runs the
+// unpacked kernel, so a packed suite must not run there.
+inline bool packgqa_built(DType dt, HeadDims h) {
+  return flash3::forward_is_built(dt, h.d, h.dv) && variant_listed("fwd", dt, h, "packgqa");
+}
+
 // The softcap suites' values and masks (test_fwd_gpu.cpp, test_bwd_gpu.cpp).
 inline constexpr float kSoftcaps[] = {1.f, 5.f, 30.f};
 struct SoftcapMask {

@@ -9,6 +9,7 @@
 #include "bwd/workspace.h"
 #include "common/block_info.h"
 #include "config/tile_size.h"
+#include "launch/dispatch.h"
 #include "head_dims.h"
 
 namespace {
@@ -116,6 +117,111 @@ TEST(BlockRange, FloorAndCeilDivOnNegatives) {
   EXPECT_EQ(flash3::floor_div(-129, 128), -2);
   EXPECT_EQ(flash3::ceil_div_int(-1, 128), 0);
   EXPECT_EQ(flash3::ceil_div_int(129, 128), 2);
+}
+
+// PackGQA: packed row p of a tile is query row p / g (of head p % g). The range
+// of fwd_n_block_range_packed must hold every visible pair of the tile's real
+// packed rows, and the blocks it runs unmasked must be fully visible to all of
+// them (the same invariants as check_tile, by brute force over packed rows).
+void check_packed_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n, int g) {
+  const NBlockRange r = flash3::fwd_n_block_range_packed(m, m_block, tile_m, tile_n, g);
+  SCOPED_TRACE(testing::Message() << "packed g=" << g << " sq=" << m.seqlen_q << " sk=" << m.seqlen_k
+                                  << " wl=" << m.window_left << " wr=" << m.window_right << " m_block=" << m_block
+                                  << " -> [" << r.n_min << "," << r.n_max << ")");
+  const int num_n = (m.seqlen_k + tile_n - 1) / tile_n;
+  ASSERT_GE(r.n_min, 0);
+  ASSERT_LE(r.n_max, num_n);
+  for (int n = 0; n < num_n; ++n) {
+    bool any_visible = false, all_visible = true;
+    for (int p = m_block * tile_m; p < std::min((m_block + 1) * tile_m, m.seqlen_q * g); ++p) {
+      for (int j = n * tile_n; j < (n + 1) * tile_n; ++j) {
+        const bool v = visible(m, p / g, j);
+        any_visible |= v;
+        all_visible &= v;
+      }
+    }
+    const bool in_range = !r.empty() && n >= r.n_min && n < r.n_max;
+    if (any_visible) EXPECT_TRUE(in_range) << "block " << n << " has visible pairs but is skipped";
+    const bool unmasked = in_range && n != r.n_max - 1 && n < r.n_min_right_masked && n >= r.n_max_left_masked;
+    if (unmasked) EXPECT_TRUE(all_visible) << "block " << n << " runs unmasked but has masked pairs";
+  }
+}
+
+TEST(BlockRange, PackedRowsCoverTheirQueryRows) {
+  std::mt19937 rng(7);
+  const int windows[][2] = {{-1, -1}, {-1, 0}, {128, 0}, {37, 5}, {0, 0}, {300, -1}};
+  for (const auto& w : windows) {
+    for (int t = 0; t < 40; ++t) {
+      MaskSpec m;
+      m.seqlen_q = 1 + rng() % 300;
+      m.seqlen_k = rng() % 700;
+      m.window_left = w[0];
+      m.window_right = w[1];
+      const int g = 2 + rng() % 15;  // 2..16, powers of two or not
+      const int num_m = (m.seqlen_q * g + 127) / 128;
+      for (int mb = 0; mb < num_m; ++mb) check_packed_tile(m, mb, 128, 128, g);
+    }
+  }
+  // g = 1 is the unpacked range.
+  MaskSpec m{500, 700, 64, 0};
+  for (int mb = 0; mb < 4; ++mb) {
+    const NBlockRange a = flash3::fwd_n_block_range_packed(m, mb, 128, 112, 1);
+    const NBlockRange b = flash3::fwd_n_block_range(m, mb, 128, 112);
+    EXPECT_EQ(a.n_min, b.n_min);
+    EXPECT_EQ(a.n_max, b.n_max);
+    EXPECT_EQ(a.n_min_right_masked, b.n_min_right_masked);
+    EXPECT_EQ(a.n_max_left_masked, b.n_max_left_masked);
+  }
+}
+
+// The PackGQA decision (dispatch.cu): explicit requests, the tile-fill rule,
+// and the problems that never pack.
+TEST(PackGqa, DecisionFollowsRequestAndTileFill) {
+  flash3::FwdParams p;
+  p.dtype = flash3::DType::kBFloat16;
+  p.head_dim = p.head_dim_v = 128;
+  p.batch = 2;
+  p.heads_q = 32;
+  p.heads_kv = 8;  // g = 4
+  p.seqlen_k = 1000;
+  p.seqlen_q = 1;
+  if (!flash3::fwd_pack_kernel_built(p.dtype, 128, 128)) {
+    p.pack_gqa = 1;
+    EXPECT_FALSE(flash3::fwd_pack_gqa(p)) << "no packed unit: the unpacked kernel runs";
+    GTEST_SKIP() << "not built: the packgqa unit of bf16 128x128 (FLASH3_FEATURES)";
+  }
+  const int tile_m = flash3::fwd_tile_config(128, 128, false).tile_m;
+  ASSERT_EQ(tile_m, 128);
+  EXPECT_TRUE(flash3::fwd_pack_gqa(p)) << "decode: 1 of 128 rows unpacked, 4 packed";
+  p.seqlen_q = 4096;
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p)) << "full tiles either way";
+  p.seqlen_q = 200;  // fill 200/256 = 0.78 < 0.9 x 800/896
+  EXPECT_TRUE(flash3::fwd_pack_gqa(p));
+  p.seqlen_q = 120;  // fill 120/128 = 480/512: equal
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p));
+  p.pack_gqa = 1;
+  EXPECT_TRUE(flash3::fwd_pack_gqa(p));
+  p.seqlen_q = 1;
+  p.pack_gqa = 0;
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p));
+  p.pack_gqa = -1;
+  p.varlen = true;
+  p.seqlen_q = 100000;  // varlen: the total; always packed
+  EXPECT_TRUE(flash3::fwd_pack_gqa(p));
+  p.varlen = false;
+  p.seqlen_q = 1;
+  p.softcap = 30.f;  // no packed softcap units
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p));
+  p.softcap = 0.f;
+  p.heads_kv = 32;  // MHA
+  p.pack_gqa = 1;
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p));
+  p.heads_kv = 2;  // g = 16: 2^27 x 16 packed rows do not fit int32
+  p.seqlen_q = 1 << 27;
+  EXPECT_FALSE(flash3::fwd_pack_gqa(p));
+  p.dtype = flash3::DType::kFloat16;
+  p.seqlen_q = 1;
+  EXPECT_EQ(flash3::fwd_pack_gqa(p), flash3::fwd_pack_kernel_built(flash3::DType::kFloat16, 128, 128));
 }
 
 TEST(TileConfig, EveryHeadDimFitsSharedMemoryAndRegisters) {

@@ -104,11 +104,13 @@ TEST_F(CApi, DefaultOptions) {
   EXPECT_EQ(o.num_sequences, 0);
   EXPECT_EQ(o.seqused_q, nullptr);
   EXPECT_EQ(o.seqused_k, nullptr);
+  EXPECT_EQ(o.pack_gqa, -1);
   // The C defaults are the C++ defaults.
   const flash3::AttentionOptions cpp;
   EXPECT_EQ(o.num_sequences, cpp.num_sequences);
   EXPECT_EQ(o.seqused_q, cpp.seqused_q);
   EXPECT_EQ(o.seqused_k, cpp.seqused_k);
+  EXPECT_EQ(o.pack_gqa, cpp.pack_gqa);
   EXPECT_EQ(o.window_left, cpp.window_left);
   EXPECT_EQ(o.window_right, cpp.window_right);
   EXPECT_EQ(o.softcap, cpp.softcap);
@@ -132,9 +134,8 @@ TEST_F(CApi, VarlenFieldsAreAppended) {
   EXPECT_EQ(offsetof(flash3_options, max_seqlen_k) + sizeof(int32_t), offsetof(flash3_options, num_sequences));
   EXPECT_LT(offsetof(flash3_options, num_sequences), offsetof(flash3_options, seqused_q));
   EXPECT_LT(offsetof(flash3_options, seqused_q), offsetof(flash3_options, seqused_k));
-  EXPECT_EQ(sizeof(flash3_options), offsetof(flash3_options, seqused_k) + sizeof(const int32_t*));
-  // Only this header's size is accepted (no older layout was released): the
-  // size of the struct without the new fields is rejected too.
+  // The first layout was replaced before any release: the size of the struct
+  // without the varlen fields is rejected.
   Fwd f;
   f.opts.struct_size = static_cast<uint32_t>(offsetof(flash3_options, num_sequences));
   EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
@@ -184,6 +185,65 @@ TEST_F(CApi, VarlenFieldsArePassedThrough) {
   fixed.opts.seqused_k = reinterpret_cast<const int32_t*>(0xD000000);
   EXPECT_EQ(fixed.validate(), FLASH3_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(last_error(), "opts.seqused_k needs opts.cu_seqlens_k")) << last_error();
+}
+
+TEST_F(CApi, PackGqaIsAppended) {
+  EXPECT_EQ(offsetof(flash3_options, seqused_k) + sizeof(const int32_t*), offsetof(flash3_options, pack_gqa));
+  EXPECT_GE(sizeof(flash3_options), offsetof(flash3_options, pack_gqa) + sizeof(int32_t));
+  // A caller built against the layout before pack_gqa (ending at seqused_k) is
+  // accepted and gets the default, -1: the field past its struct_size is not
+  // read (an invalid value there would be rejected).
+  const uint32_t older = static_cast<uint32_t>(offsetof(flash3_options, seqused_k) + sizeof(const int32_t*));
+  Fwd f;
+  f.opts.pack_gqa = 7;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.pack_gqa is 7")) << last_error();
+  f.opts.struct_size = older;
+  EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << last_error();
+  VarlenFwd v;
+  v.opts.struct_size = older;
+  v.opts.pack_gqa = 7;
+  EXPECT_EQ(v.validate(), expected_for_valid_bf16_64()) << last_error();
+  // The older layout's fields are still read.
+  v.opts.num_sequences = -1;
+  EXPECT_EQ(v.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts.num_sequences is -1")) << last_error();
+  // Other sizes stay rejected.
+  f.opts.struct_size = older + 4;
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "opts->struct_size is")) << last_error();
+}
+
+TEST_F(CApi, PackGqaIsValidated) {
+  // -1 (heuristic), 0, 1 valid on every shape (MHA and softcap run the unpacked
+  // kernel); anything else INVALID_ARGUMENT naming opts.pack_gqa, forward and
+  // backward (the backward otherwise ignores it).
+  for (int32_t ok : {-1, 0, 1}) {
+    Fwd f;
+    f.opts.pack_gqa = ok;
+    EXPECT_EQ(f.validate(), expected_for_valid_bf16_64()) << ok << " " << last_error();
+    VarlenFwd v;
+    v.opts.pack_gqa = ok;
+    EXPECT_EQ(v.validate(), expected_for_valid_bf16_64()) << ok << " " << last_error();
+    Fwd mha;
+    mha.k = tensor(0x2000000, FLASH3_BF16, 4, {2, 256, 8, 64});
+    mha.v = tensor(0x3000000, FLASH3_BF16, 4, {2, 256, 8, 64});
+    mha.opts.pack_gqa = ok;
+    EXPECT_EQ(mha.validate(), expected_for_valid_bf16_64()) << ok << " " << last_error();
+  }
+  for (int32_t bad : {-2, 2}) {
+    const std::string want = "opts.pack_gqa is " + std::to_string(bad) + "; expected -1 (heuristic), 0 (off) or 1 (on)";
+    Fwd f;
+    f.opts.pack_gqa = bad;
+    EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(last_error(), want.c_str())) << last_error();
+    EXPECT_EQ(f.forward(), FLASH3_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(last_error(), ("flash3_forward: " + want).c_str())) << last_error();
+    Bwd b;
+    b.f.opts.pack_gqa = bad;
+    EXPECT_EQ(b.run(&b.dout, &b.f.lse), FLASH3_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(last_error(), ("flash3_backward: " + want).c_str())) << last_error();
+  }
 }
 
 TEST_F(CApi, VarlenWithoutSequencesIsOk) {

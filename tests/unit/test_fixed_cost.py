@@ -2,7 +2,8 @@
 """bench.py's pure logic (CPU only): the --fixed-cost line fit (its intercept /
 slope is the per-tile fixed cost, so the fit must recover a known line, report
 the residual of a point off it, and refuse a single seqlen), the modes' option
-presets, and the CSV round trip that --from-csv relies on."""
+presets, the flash3_options layouts of the C ABI mirror, and the CSV round trip
+that --from-csv relies on."""
 import os
 import sys
 import tempfile
@@ -60,9 +61,31 @@ class Modes(unittest.TestCase):
         _, a = bench.parse_args(["--fixed-cost"])
         self.assertEqual((a.mode, a.hdims, a.seqlens, a.iters, a.warmup_ms), ("fixed_cost", "128", "1k,2k,4k,8k", 20, 300.0))
 
+    def test_pack_gqa_presets(self):
+        _, a = bench.parse_args(["--pack-gqa"])
+        self.assertEqual((a.mode, a.rounds, a.iters, a.warmup_ms, a.gap_s), ("pack_gqa", 2, 100, 300.0, 1.0))
+        self.assertEqual((a.hdims, a.seqlens, a.causal), ("128", bench.PACK_GQA_SEQLENS_Q, "off"))
+        _, a = bench.parse_args(["--pack-gqa", "--seqlens", "1,8", "--causal", "both"])
+        self.assertEqual((a.seqlens, a.causal), ("1,8", "both"))
+        _, a = bench.parse_args([])
+        self.assertEqual(a.causal, "both")
+
+    def test_options_layouts(self):
+        # flash3_options grows at the end only: each older layout is a prefix of
+        # the newest, and pack_gqa is its last field.
+        import ctypes
+        new, v2, v1 = bench.F3Options, bench.F3OptionsV2, bench.F3OptionsV1
+        self.assertEqual(new._fields_[:len(v2._fields_)], v2._fields_)
+        self.assertEqual(v2._fields_[:len(v1._fields_)], v1._fields_)
+        self.assertEqual(new._fields_[-1][0], "pack_gqa")
+        self.assertEqual(new.pack_gqa.offset, ctypes.sizeof(v2))  # right after seqused_k, as in flash3_c.h
+        self.assertEqual(len({ctypes.sizeof(c) for c in (new, v2, v1)}), 3)
+
     def test_one_mode_at_a_time(self):
         with self.assertRaises(SystemExit):
             bench.parse_args(["--power", "--fixed-cost"])
+        with self.assertRaises(SystemExit):
+            bench.parse_args(["--pack-gqa", "--varlen"])
 
 
 class CsvRoundTrip(unittest.TestCase):

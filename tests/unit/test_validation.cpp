@@ -817,6 +817,48 @@ TEST_F(ValidationForward, VarlenForwardIsSupported) {
   }
 }
 
+TEST_F(ValidationForward, PackGqa) {
+  // -1 (heuristic), 0 (off), 1 (on); anything else is rejected, forward and
+  // backward (shared options; the backward otherwise ignores it).
+  for (int bad : {-2, 2, INT32_MIN, INT32_MAX}) {
+    const std::string want = "opts.pack_gqa is " + std::to_string(bad) + "; expected -1 (heuristic), 0 (off) or 1 (on)";
+    ForwardArgs a = make_fwd();
+    a.opts.pack_gqa = bad;
+    EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {want.c_str()}));
+    ForwardArgs v = make_varlen();
+    v.opts.pack_gqa = bad;
+    EXPECT_TRUE(IsError(flash3::validate_forward(v), StatusCode::kInvalidArgument, {want.c_str()}));
+    BackwardArgs b = make_bwd();
+    b.opts.pack_gqa = bad;
+    EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {want.c_str()}));
+  }
+  // Valid values on GQA, MQA and MHA (no packed kernel: the unpacked one runs)
+  // get the same answer as the default: the kernel check does not depend on it.
+  for (int64_t hkv : {2, 1, 8}) {
+    Dims p;
+    p.hkv = hkv;
+    for (int ok : {-1, 0, 1}) {
+      ForwardArgs a = make_fwd(p);
+      a.opts.pack_gqa = ok;
+      expect_valid_forward(a);
+      BackwardArgs b = make_bwd(p);
+      b.opts.pack_gqa = ok;
+      EXPECT_TRUE(IsOk(flash3::check_backward_structure(b))) << hkv << " " << ok;
+    }
+  }
+  for (int ok : {-1, 0, 1}) {
+    ForwardArgs v = make_varlen();
+    v.opts.pack_gqa = ok;
+    EXPECT_TRUE(IsOk(flash3::check_forward_structure(v))) << ok;
+    EXPECT_TRUE(IsKernelCheckAnswer(flash3::validate_forward(v), true, DType::kBFloat16, 64, 64, 0.f)) << ok;
+    // softcap has no packed units: pack_gqa = 1 runs the unpacked softcap one.
+    ForwardArgs c = make_fwd();
+    c.opts.softcap = 30.f;
+    c.opts.pack_gqa = ok;
+    EXPECT_TRUE(IsKernelCheckAnswer(flash3::validate_forward(c), true, DType::kBFloat16, 64, 64, 30.f)) << ok;
+  }
+}
+
 TEST_F(ValidationBackward, VarlenBackwardValidatesAndSizesScratch) {
   BackwardArgs a = make_varlen_bwd();
   EXPECT_TRUE(IsOk(flash3::check_backward_structure(a)));
@@ -1340,6 +1382,18 @@ TEST_F(ValidationParams, VarlenWindowNormalisedWithMaxSeqlen) {
   // The lengths in the params stay the totals.
   EXPECT_EQ(p.seqlen_q, 300);
   EXPECT_EQ(p.seqlen_k, 500);
+}
+
+TEST_F(ValidationParams, PackGqaCopied) {
+  ForwardArgs a = make_fwd();
+  EXPECT_EQ(flash3::make_fwd_params(a).pack_gqa, -1);  // the default: heuristic
+  for (int v : {-1, 0, 1}) {
+    a.opts.pack_gqa = v;
+    EXPECT_EQ(flash3::make_fwd_params(a).pack_gqa, v);
+    ForwardArgs l = make_varlen();
+    l.opts.pack_gqa = v;
+    EXPECT_EQ(flash3::make_fwd_params(l).pack_gqa, v);
+  }
 }
 
 TEST_F(ValidationParams, NoLseGivesNullPointer) {
