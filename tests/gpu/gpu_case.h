@@ -1,7 +1,7 @@
 // Shared vocabulary of the GPU test matrices (test_fwd_gpu.cpp, test_bwd_gpu.cpp):
 // the mask / layout / shape parameters and their printing, strided (b, s, h, d)
-// memory views with dense, padded and packed-QKV layouts, host extraction and
-// the tolerance-rule verdict with a readable report.
+// memory views with dense, padded and packed-QKV layouts, host extraction, the
+// tolerance-rule verdict with a readable report, and the per-file device state.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -17,12 +17,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "flash3/flash3.h"
 #include "gpu_helpers.cuh"
+#include "gpu_reference.cuh"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
 
@@ -30,8 +32,9 @@ namespace flash3::gputest {
 
 namespace tu = flash3::testutil;
 
-constexpr uint16_t kPoison16 = 0xffff;  // NaN in bf16 and fp16
-constexpr int64_t kGuard = 256;         // poisoned elements after every output tensor
+constexpr uint16_t kPoison16 = 0xffff;       // NaN in bf16 and fp16
+constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
+constexpr int64_t kGuard = 256;              // poisoned elements after every output tensor
 
 enum class Mask { kNone, kCausal, kWindow128_0, kWindow256_256 };
 enum class Layout { kContiguous, kPackedQKV, kPadded };
@@ -86,6 +89,44 @@ inline uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+// What a fixed-length case of the forward and backward suites holds (FwdCase
+// in fwd_case.h, test_bwd_gpu.cpp's Case); each adds its own fields.
+struct FixedCase {
+  DType dtype = DType::kBFloat16;
+  int d = 128, dv = 128;
+  int sq = 128, sk = 128;
+  int hq = 2, hkv = 2;
+  int batch = 1;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
+  float softcap = 0.f;                          // opts.softcap; 0: off
+  Layout layout = Layout::kContiguous;          // q, k, v (and the geometry of out)
+  uint64_t seed = 1;
+  std::string name;
+
+  // "name [dtype d dv b sq sk hq hkv causal window scale softcap": the start of
+  // a description, to which the derived case appends its fields and "]".
+  void describe_problem(std::ostream& os) const {
+    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
+       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
+       << ") scale=" << scale;
+    if (softcap > 0.f) os << " softcap=" << softcap;
+  }
+};
+
+// The mask and score fields of a call's options from a case (any struct with
+// causal, wl, wr, scale and softcap). Opts: flash3::AttentionOptions, or a
+// reference's gpuref::Args / BwdArgs / ref::Options (the same field names).
+template <class Case, class Opts>
+void set_mask_and_scale(const Case& c, Opts* o) {
+  o->causal = c.causal;
+  o->window_left = c.wl;
+  o->window_right = c.wr;
+  o->softmax_scale = c.scale;
+  o->softcap = c.softcap;
 }
 
 // Case: any struct with causal, wl, wr.
@@ -368,6 +409,34 @@ struct View {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Element `offset` of a 16-bit allocation.
+inline uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
+
+// View v of the 16-bit allocation `base` as a reference operand.
+inline flash3::gpuref::Strided16 strided16(const void* base, const View& v) {
+  flash3::gpuref::Strided16 t;
+  t.data = static_cast<const uint16_t*>(base) + v.offset;
+  t.batch_stride = v.sb;
+  t.row_stride = v.sr;
+  t.head_stride = v.sh;
+  return t;
+}
+
+// The problem of a reference call (R: gpuref::Args or BwdArgs) from a
+// fixed-length case: dtype, shapes, mask and scores.
+template <class R>
+void set_ref_problem(const FixedCase& c, R* r) {
+  r->dtype = c.dtype;
+  r->batch = c.batch;
+  r->seqlen_q = c.sq;
+  r->seqlen_k = c.sk;
+  r->heads_q = c.hq;
+  r->heads_kv = c.hkv;
+  r->head_dim = c.d;
+  r->head_dim_v = c.dv;
+  set_mask_and_scale(c, r);
+}
+
 inline View dense_view(int64_t offset, int64_t b, int64_t s, int64_t h, int64_t d) {
   View v;
   v.offset = offset;
@@ -515,6 +584,32 @@ inline double grad_eps(const std::vector<double>& ref, DType dt) {
     peak = std::max(peak, std::fabs(r));
   }
   return std::max(1e-5 * std::max(1.0, peak), 2.0 * worst);
+}
+
+// ---------------------------------------------------------------------------
+// Device memory of a test file.
+// ---------------------------------------------------------------------------
+// The State (a struct with a `stream` and the file's buffers) of one test file,
+// shared by all its tests in the process; its buffers only grow. Each file
+// passes a State type of its own, so no two files share buffers.
+template <class State>
+State& device_state() {
+  static State* s = [] {
+    auto* st = new State;  // intentionally leaked: no CUDA calls during static destruction
+    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
+    return st;
+  }();
+  return *s;
+}
+
+// Grows each buffer to at least its size in bytes.
+inline ::testing::AssertionResult reserve_all(std::initializer_list<std::pair<tu::DeviceBuffer*, size_t>> bufs) {
+  for (auto [buf, bytes] : bufs) {
+    const cudaError_t e = buf->reserve(bytes);
+    if (e != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // ---------------------------------------------------------------------------

@@ -66,29 +66,16 @@ constexpr int kDeterministicRuns = 5;
 // ---------------------------------------------------------------------------
 // Case description.
 // ---------------------------------------------------------------------------
-struct Case {
-  DType dtype = DType::kBFloat16;
-  int d = 128, dv = 128;
-  int sq = 128, sk = 128;
-  int hq = 2, hkv = 2;
-  int batch = 1;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
-  float softcap = 0.f;                        // opts.softcap; 0: off
-  Layout layout = Layout::kContiguous;        // q, k, v (and out / dout geometry)
-  Layout grad_layout = Layout::kContiguous;   // dq, dk, dv
+// FixedCase (gpu_case.h): the problem, q / k / v layout (and the geometry of
+// out and dout), seed and name.
+struct Case : FixedCase {
+  Layout grad_layout = Layout::kContiguous;  // dq, dk, dv
   bool with_dlse = false;
   bool deterministic = false;
-  uint64_t seed = 1;
-  std::string name;
 
   std::string describe() const {
     std::ostringstream os;
-    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
-       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
-       << ") scale=" << scale;
-    if (softcap > 0.f) os << " softcap=" << softcap;
+    describe_problem(os);
     os << " layout=" << layout_name(layout) << " grad_layout=" << layout_name(grad_layout)
        << " dlse=" << with_dlse << " deterministic=" << deterministic << " seed=" << seed << "]";
     return os.str();
@@ -159,14 +146,7 @@ struct DeviceState {
   tu::DeviceBuffer ref_dq, ref_dk, ref_dv, low_dq, low_dk, low_dv;
 };
 
-DeviceState& dev() {
-  static DeviceState* s = [] {
-    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
-    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
-    return st;
-  }();
-  return *s;
-}
+DeviceState& dev() { return device_state<DeviceState>(); }
 
 struct Buffers {
   Plan plan;
@@ -226,8 +206,6 @@ size_t n_dv(const Case& c) { return size_t(c.batch) * c.sk * c.hkv * c.dv; }
   return ::testing::AssertionSuccess();
 }
 
-uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
-
 TensorView view4(const Case& c, void* base, const View& v) {
   return TensorView::make4d(elem16(base, v.offset), c.dtype, v.b, v.s, v.h, v.d, v.sb, v.sr, v.sh, 1);
 }
@@ -237,11 +215,7 @@ TensorView lse_view(const Case& c, void* base) {
 }
 
 void set_opts(const Case& c, flash3::AttentionOptions* o) {
-  o->causal = c.causal;
-  o->window_left = c.wl;
-  o->window_right = c.wr;
-  o->softmax_scale = c.scale;
-  o->softcap = c.softcap;
+  set_mask_and_scale(c, o);
   o->deterministic = c.deterministic;
 }
 
@@ -303,32 +277,12 @@ flash3::Status run_backward(const Case& c, const Plan& p, void* grad, void* work
 flash3::gpuref::BwdArgs make_ref_args(const Case& c, const Plan& p, float* dq, float* dk, float* dv) {
   DeviceState& d = dev();
   flash3::gpuref::BwdArgs r;
-  r.dtype = c.dtype;
-  r.batch = c.batch;
-  r.seqlen_q = c.sq;
-  r.seqlen_k = c.sk;
-  r.heads_q = c.hq;
-  r.heads_kv = c.hkv;
-  r.head_dim = c.d;
-  r.head_dim_v = c.dv;
-  auto s16 = [&](const void* base, const View& v) {
-    flash3::gpuref::Strided16 t;
-    t.data = static_cast<const uint16_t*>(base) + v.offset;
-    t.batch_stride = v.sb;
-    t.row_stride = v.sr;
-    t.head_stride = v.sh;
-    return t;
-  };
-  r.q = s16(d.in.ptr, p.in.q);
-  r.k = s16(d.in.ptr, p.in.k);
-  r.v = s16(d.in.ptr, p.in.v);
-  r.dout = s16(d.dout.ptr, p.o);
+  set_ref_problem(c, &r);
+  r.q = strided16(d.in.ptr, p.in.q);
+  r.k = strided16(d.in.ptr, p.in.k);
+  r.v = strided16(d.in.ptr, p.in.v);
+  r.dout = strided16(d.dout.ptr, p.o);
   r.dlse = c.with_dlse ? d.dlse.as<float>() : nullptr;
-  r.causal = c.causal;
-  r.window_left = c.wl;
-  r.window_right = c.wr;
-  r.softmax_scale = c.scale;
-  r.softcap = c.softcap;
   r.dq = dq;
   r.dk = dk;
   r.dv = dv;

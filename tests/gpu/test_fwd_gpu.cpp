@@ -29,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flash3/flash3.h"
+#include "fwd_case.h"
 #include "gpu_case.h"
 #include "gpu_helpers.cuh"
 #include "gpu_reference.cuh"
@@ -47,242 +48,34 @@ using flash3::TensorView;
 namespace tu = flash3::testutil;
 using namespace flash3::gputest;
 
-constexpr double kEpsO = 1e-5;
-constexpr double kEpsLse = 1e-5;
-constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
 constexpr float kNaN = flash3::gpuref::kDefaultScale;
 
 // ---------------------------------------------------------------------------
-// Case description.
+// Device state shared by all tests of the process (buffers only grow): the
+// forward check's (fwd_case.h) and a second out / lse for comparing two calls.
 // ---------------------------------------------------------------------------
-struct Case {
-  DType dtype = DType::kBFloat16;
-  int d = 128, dv = 128;
-  int sq = 128, sk = 128;
-  int hq = 2, hkv = 2;
-  int batch = 1;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float scale = flash3::gpuref::kDefaultScale;  // softmax_scale; NaN: 1/sqrt(d)
-  float softcap = 0.f;                          // opts.softcap; 0: off
-  Layout layout = Layout::kContiguous;
-  uint64_t seed = 1;
-  std::string name;
-
-  std::string describe() const {
-    std::ostringstream os;
-    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
-       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
-       << ") scale=" << scale;
-    if (softcap > 0.f) os << " softcap=" << softcap;
-    os << " layout=" << layout_name(layout) << " seed=" << seed << "]";
-    return os.str();
-  }
+struct DeviceState : FwdDevice {
+  tu::DeviceBuffer out2, lse2;
 };
 
-struct Plan {
-  View q, k, v, o;
-  int64_t in_elems = 0;   // one allocation holds q, k and v
-  int64_t out_elems = 0;  // o, followed by kGuard poisoned elements
-};
+DeviceState& dev() { return device_state<DeviceState>(); }
 
-Plan make_plan(const Case& c) {
-  Plan p;
-  const QKV in = make_qkv(c.layout, c.batch, c.sq, c.sk, c.hq, c.hkv, c.d, c.dv);
-  p.q = in.q, p.k = in.k, p.v = in.v;
-  p.in_elems = in.elems;
-  p.o = c.layout == Layout::kPadded ? padded_view(0, c.batch, c.sq, c.hq, c.dv) : dense_view(0, c.batch, c.sq, c.hq, c.dv);
-  p.out_elems = p.o.span() + kGuard;
-  return p;
-}
-
-// ---------------------------------------------------------------------------
-// Device state shared by all tests of the process (buffers only grow).
-// ---------------------------------------------------------------------------
-struct DeviceState {
-  cudaStream_t stream = nullptr;
-  tu::DeviceBuffer in, out, lse, ref_o, ref_lse, low_o, low_lse, out2, lse2;
-};
-
-DeviceState& dev() {
-  static DeviceState* s = [] {
-    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
-    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
-    return st;
-  }();
-  return *s;
-}
-
-struct Buffers {
-  Plan plan;
-  std::vector<uint16_t> host_in;
-};
-
-// Allocates, fills q/k/v with fresh random normals (seeded by the case) and copies them up.
-::testing::AssertionResult upload_inputs(const Case& c, Buffers* b) {
-  b->plan = make_plan(c);
+// Plans c, reserves the buffers (out2 / lse2 like out / lse), fills q/k/v with
+// fresh random normals (seeded by the case) and copies them up.
+::testing::AssertionResult upload_inputs(const FwdCase& c, FwdBuffers* b) {
   DeviceState& d = dev();
-  b->host_in.assign(size_t(b->plan.in_elems), 0);
-  tu::fill_normal(b->host_in.data(), b->host_in.size(), c.dtype, c.seed);
-  const size_t o_bytes = size_t(b->plan.out_elems) * 2;
-  const size_t lse_bytes = (size_t(c.batch) * c.hq * c.sq + kGuard) * 4;
-  const size_t ref_o_bytes = std::max<size_t>(size_t(c.batch) * c.sq * c.hq * c.dv, 1) * 4;
-  for (auto [buf, bytes] : {std::pair{&d.in, size_t(b->plan.in_elems) * 2}, std::pair{&d.out, o_bytes},
-                            std::pair{&d.out2, o_bytes}, std::pair{&d.lse, lse_bytes}, std::pair{&d.lse2, lse_bytes},
-                            std::pair{&d.ref_o, ref_o_bytes}, std::pair{&d.low_o, ref_o_bytes},
-                            std::pair{&d.ref_lse, lse_bytes}, std::pair{&d.low_lse, lse_bytes}}) {
-    const cudaError_t e = buf->reserve(bytes);
-    if (e != cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
-  }
-  cudaError_t e = cudaMemcpyAsync(d.in.ptr, b->host_in.data(), b->host_in.size() * 2, cudaMemcpyHostToDevice, d.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << "upload: " << cudaGetErrorString(e);
-  return ::testing::AssertionSuccess();
+  const ::testing::AssertionResult r = upload_fwd_inputs(d, c, b);
+  if (!r) return r;
+  return reserve_all({{&d.out2, size_t(b->plan.out_elems) * 2}, {&d.lse2, size_t(b->plan.lse_elems) * 4}});
 }
-
-uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
-
-flash3::ForwardArgs make_args(const Case& c, const Plan& p, void* in, void* out, float* lse) {
-  flash3::ForwardArgs a;
-  auto view4 = [&](void* base, const View& v) {
-    return TensorView::make4d(elem16(base, v.offset), c.dtype, v.b, v.s, v.h, v.d, v.sb, v.sr, v.sh, 1);
-  };
-  a.q = view4(in, p.q);
-  a.k = view4(in, p.k);
-  a.v = view4(in, p.v);
-  a.out = view4(out, p.o);
-  const int64_t sq1 = std::max<int64_t>(c.sq, 1);
-  a.lse = TensorView::make3d(lse, DType::kFloat32, c.batch, c.hq, c.sq, c.hq * sq1, sq1, 1);
-  a.opts.causal = c.causal;
-  a.opts.window_left = c.wl;
-  a.opts.window_right = c.wr;
-  a.opts.softmax_scale = c.scale;
-  a.opts.softcap = c.softcap;
-  return a;
-}
-
-flash3::gpuref::Args make_ref_args(const Case& c, const Plan& p, const void* in, float* out, float* lse) {
-  flash3::gpuref::Args r;
-  r.dtype = c.dtype;
-  r.batch = c.batch;
-  r.seqlen_q = c.sq;
-  r.seqlen_k = c.sk;
-  r.heads_q = c.hq;
-  r.heads_kv = c.hkv;
-  r.head_dim = c.d;
-  r.head_dim_v = c.dv;
-  auto s16 = [&](const View& v) {
-    flash3::gpuref::Strided16 t;
-    t.data = static_cast<const uint16_t*>(in) + v.offset;
-    t.batch_stride = v.sb;
-    t.row_stride = v.sr;
-    t.head_stride = v.sh;
-    return t;
-  };
-  r.q = s16(p.q);
-  r.k = s16(p.k);
-  r.v = s16(p.v);
-  r.causal = c.causal;
-  r.window_left = c.wl;
-  r.window_right = c.wr;
-  r.softmax_scale = c.scale;
-  r.softcap = c.softcap;
-  r.out = out;
-  r.lse = lse;
-  return r;
-}
-
-std::string where_o(const Case& c, size_t i) {
-  const int64_t dv = c.dv, hq = c.hq, sq = c.sq;
-  std::ostringstream os;
-  os << "(b=" << int64_t(i) / (dv * hq * sq) << ", s=" << (int64_t(i) / (dv * hq)) % sq
-     << ", h=" << (int64_t(i) / dv) % hq << ", c=" << int64_t(i) % dv << ")";
-  return os.str();
-}
-std::string where_lse(const Case& c, size_t i) {
-  std::ostringstream os;
-  os << "(b=" << int64_t(i) / (int64_t(c.hq) * c.sq) << ", h=" << (int64_t(i) / c.sq) % c.hq
-     << ", s=" << int64_t(i) % c.sq << ")";
-  return os.str();
-}
-
-// How a test calls flash3::forward on prepared arguments. Empty: on the test
-// stream. Otherwise the call may use any stream, but must leave no work of its
-// own pending on a stream other than the test stream when it returns.
-using ForwardCall = std::function<flash3::Status(const flash3::ForwardArgs&)>;
 
 // Poisons out/lse (+ guards), runs flash3::forward on them. Returns the status.
-flash3::Status run_flash3(const Case& c, const Plan& p, void* out, float* lse, const ForwardCall& call = {}) {
-  DeviceState& d = dev();
-  cudaMemsetAsync(out, 0xff, size_t(p.out_elems) * 2, d.stream);
-  cudaMemsetAsync(lse, 0xff, (size_t(c.batch) * c.hq * c.sq + kGuard) * 4, d.stream);
-  const flash3::ForwardArgs args = make_args(c, p, d.in.ptr, out, lse);
-  if (!call) return flash3::forward(args, d.stream);
-  cudaStreamSynchronize(d.stream);  // the poison is in place whatever stream `call` uses
-  return call(args);
+flash3::Status run_flash3(const FwdCase& c, const FwdPlan& p, void* out, float* lse, const ForwardCall& call = {}) {
+  return run_forward(dev(), c, p, out, lse, call);
 }
 
 // Full check of one case: flash3 vs fp32 GPU reference, baseline = GPU emulation.
-void check_case(const Case& c, const ForwardCall& call = {}) {
-  SCOPED_TRACE(c.describe());
-  Buffers b;
-  ASSERT_TRUE(upload_inputs(c, &b));
-  DeviceState& d = dev();
-  const Plan& p = b.plan;
-
-  const flash3::Status st = run_flash3(c, p, d.out.ptr, d.lse.as<float>(), call);
-  ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
-  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
-  FLASH3_CUDA_OK(cudaGetLastError());
-
-  const auto ref_args = make_ref_args(c, p, d.in.ptr, d.ref_o.as<float>(), d.ref_lse.as<float>());
-  FLASH3_CUDA_OK(flash3::gpuref::forward(ref_args, flash3::gpuref::Mode::kFloat32, d.stream));
-  const auto low_args = make_ref_args(c, p, d.in.ptr, d.low_o.as<float>(), d.low_lse.as<float>());
-  FLASH3_CUDA_OK(flash3::gpuref::forward(low_args, flash3::gpuref::Mode::kLowPrecision, d.stream));
-
-  const size_t n_o = size_t(c.batch) * c.sq * c.hq * c.dv;
-  const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
-  std::vector<uint16_t> h_out(size_t(p.out_elems));
-  std::vector<uint32_t> h_lse_bits(n_lse + kGuard);
-  std::vector<float> h_ref_o(n_o), h_low_o(n_o), h_ref_lse(n_lse), h_low_lse(n_lse);
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_out.data(), d.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_lse_bits.data(), d.lse.ptr, h_lse_bits.size() * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_o.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_o.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_lse.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_lse.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
-
-  // Nothing written outside out's view (padding, guard) or after lse.
-  const int64_t clobbered = count_clobbered(h_out, {&p.o});
-  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
-                          << " elements of the out allocation outside the (b, sq, hq, dv) view";
-  int64_t lse_guard = 0;
-  for (size_t i = n_lse; i < h_lse_bits.size(); ++i) lse_guard += h_lse_bits[i] != kPoison32;
-  EXPECT_EQ(lse_guard, 0) << c.describe() << ": flash3 wrote " << lse_guard << " floats past the end of lse";
-
-  // O.
-  {
-    const std::vector<double> ours = extract(h_out, p.o, c.dtype);
-    const std::vector<double> ref = to_double(h_ref_o), low = to_double(h_low_o);
-    const Verdict v = judge("O", ours, ref, low, kEpsO, [&](size_t i) { return where_o(c, i); }, tol_factor(c));
-    ::testing::Test::RecordProperty("o_err", std::to_string(v.r.err));
-    ::testing::Test::RecordProperty("o_baseline", std::to_string(v.r.base_err));
-    EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
-  }
-  // LSE.
-  {
-    std::vector<double> ours(n_lse);
-    for (size_t i = 0; i < n_lse; ++i) ours[i] = tu::bits_f32(h_lse_bits[i]);
-    const std::vector<double> ref = to_double(h_ref_lse), low = to_double(h_low_lse);
-    const Verdict v =
-        judge("LSE", ours, ref, low, kEpsLse, [&](size_t i) { return where_lse(c, i); }, tol_factor(c));
-    ::testing::Test::RecordProperty("lse_err", std::to_string(v.r.err));
-    ::testing::Test::RecordProperty("lse_baseline", std::to_string(v.r.base_err));
-    EXPECT_TRUE(v.ok) << c.describe() << "\n  " << v.text;
-  }
-}
+void check_case(const FwdCase& c, const ForwardCall& call = {}) { check_fwd_case(dev(), c, call); }
 
 // First built forward variant, preferring the common ones.
 bool pick_built(DType* dt, int* d, int* dv) {
@@ -306,8 +99,8 @@ bool pick_built(DType* dt, int* d, int* dv) {
 // ===========================================================================
 // The matrix.
 // ===========================================================================
-Case matrix_case(const MatrixParam& mp) {
-  Case c;
+FwdCase matrix_case(const MatrixParam& mp) {
+  FwdCase c;
   fill_matrix_case(&c, mp, "");
   return c;
 }
@@ -316,7 +109,7 @@ class FwdMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(FwdMatrix, MatchesReference) {
   FLASH3_SKIP_WITHOUT_HOPPER();
-  const Case c = matrix_case(GetParam());
+  const FwdCase c = matrix_case(GetParam());
   FLASH3_SKIP_UNLESS_BUILT(c);
   if (quick_mode() && c.sq == 4096) GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4096 left out";
   check_case(c);
@@ -346,7 +139,7 @@ TEST(FwdGpu, ExtraShapes) {
                       {4, 63, 65, 4, 4, Mask::kCausal},  {1, 257, 4095, 2, 1, Mask::kWindow256_256},
                       {2, 4096, 1, 2, 2, Mask::kCausal}, {1, 129, 127, 6, 3, Mask::kWindow128_0}};
   for (const S& s : shapes) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = d, c.dv = dv;
     c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
     apply_mask(&c, s.m);
@@ -368,7 +161,7 @@ int check_built_cases(const Dims& dims, Make make) {
   for (DType t : {DType::kBFloat16, DType::kFloat16})
     for (const HeadDims& h : dims) {
       if (!flash3::forward_is_built(t, h.d, h.dv)) continue;
-      for (Case& c : make(t, h)) {
+      for (FwdCase& c : make(t, h)) {
         c.seed = fnv1a(c.name);
         check_case(c);
         if (::testing::Test::HasFatalFailure()) return ran;
@@ -389,9 +182,9 @@ int check_built_cases(const Dims& dims, Make make) {
 TEST(FwdGpu, PeakedScoresRescaleO) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const int ran = check_built_cases(kAllHeadDims, [](DType t, HeadDims h) {
-    std::vector<Case> cases;
+    std::vector<FwdCase> cases;
     for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow256_256}) {
-      Case c;
+      FwdCase c;
       c.dtype = t, c.d = h.d, c.dv = h.dv;
       c.batch = 2, c.sq = 1000, c.sk = 1500, c.hq = 4, c.hkv = 2;
       c.scale = 2.f;
@@ -412,12 +205,12 @@ TEST(FwdGpu, D64CausalLongSequences) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const HeadDims d64[] = {{64, 64}};
   const int ran = check_built_cases(d64, [](DType t, HeadDims) {
-    Case c;
+    FwdCase c;
     c.dtype = t, c.d = 64, c.dv = 64;
     c.batch = 2, c.sq = 6000, c.sk = 6200, c.hq = 4, c.hkv = 1;
     c.causal = true;
     c.name = std::string("long_causal_") + tu::short_dtype(t) + "_d64";
-    return std::vector<Case>{c};
+    return std::vector<FwdCase>{c};
   });
   if (ran == 0 && !HasFatalFailure()) GTEST_SKIP() << "not built: no d = 64 forward kernel in this build";
 }
@@ -458,7 +251,7 @@ TEST(GpuReference, MatchesCpuFloat64) {
       {DType::kBFloat16, 1, 100, 30, 2, 2, 192, 128, false, -1, -1, Layout::kContiguous, 0.f, "_softcap30_scale0", 30.f},
   };
   for (const S& s : shapes) {
-    Case c;
+    FwdCase c;
     c.dtype = s.dt, c.batch = s.b, c.sq = s.sq, c.hq = s.hq, c.hkv = s.hkv, c.d = s.d, c.dv = s.dv;
     c.sk = s.sk;
     c.causal = s.causal, c.wl = s.wl, c.wr = s.wr;
@@ -473,10 +266,10 @@ TEST(GpuReference, MatchesCpuFloat64) {
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
 
-    Buffers b;
+    FwdBuffers b;
     ASSERT_TRUE(upload_inputs(c, &b));
     DeviceState& d = dev();
-    const Plan& p = b.plan;
+    const FwdPlan& p = b.plan;
     const auto ra = make_ref_args(c, p, d.in.ptr, d.ref_o.as<float>(), d.ref_lse.as<float>());
     FLASH3_CUDA_OK(flash3::gpuref::forward(ra, flash3::gpuref::Mode::kFloat32, d.stream));
     const auto la = make_ref_args(c, p, d.in.ptr, d.low_o.as<float>(), d.low_lse.as<float>());
@@ -559,13 +352,13 @@ TEST(FwdGpu, EmptySeqlenKGivesZeroAndMinusInf) {
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
   for (Mask m : {Mask::kNone, Mask::kCausal}) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 70, c.sk = 0, c.hq = 4, c.hkv = 2;
     apply_mask(&c, m);
     c.name = std::string("empty_k_") + mask_name(m);
     c.seed = 7;
     SCOPED_TRACE(c.describe());
-    Buffers b;
+    FwdBuffers b;
     ASSERT_TRUE(upload_inputs(c, &b));
     DeviceState& ds = dev();
     const flash3::Status st = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
@@ -591,10 +384,10 @@ TEST(FwdGpu, EmptySeqlenQIsOk) {
   DType dt = DType::kBFloat16;
   int d = 128, dv = 128;
   pick_built(&dt, &d, &dv);  // an empty problem is valid even without kernels
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 0, c.sk = 64, c.hq = 2, c.hkv = 2;
   c.name = "empty_q";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
   const flash3::Status st = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
@@ -627,13 +420,13 @@ TEST(FwdGpu, Deterministic) {
                       {3, 113, 1023, 4, 1, Mask::kWindow256_256},
                       {1, 4096, 4096, 2, 2, Mask::kNone}};
   for (const S& s : shapes) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
     apply_mask(&c, s.m);
     c.name = "determinism_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk);
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
-    Buffers b;
+    FwdBuffers b;
     ASSERT_TRUE(upload_inputs(c, &b));
     DeviceState& ds = dev();
     const flash3::Status s1 = run_flash3(c, b.plan, ds.out.ptr, ds.lse.as<float>());
@@ -669,13 +462,13 @@ TEST(FwdGpu, HostOrMisalignedPointerIsAnError) {
   DType dt = DType::kBFloat16;
   int d = 128, dv = 128;
   const bool built = pick_built(&dt, &d, &dv);
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
   c.name = "bad_pointers";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
-  const Plan& p = b.plan;
+  const FwdPlan& p = b.plan;
   std::vector<uint16_t> host_q(size_t(p.in_elems) + 64, 0x3c00);
   std::vector<uint16_t> host_o(size_t(p.out_elems) + 64, 0);
   std::vector<float> host_lse(size_t(c.batch) * c.hq * c.sq + 64, 0.f);
@@ -758,7 +551,7 @@ TEST_P(FwdLargeWindows, MatchReference) {
   DType dt;
   if (!pick_dtype(h, DType::kBFloat16, &dt)) GTEST_SKIP() << "not built: no forward kernel " << head_dims_name(h);
   for (const WindowSpec& w : large_window_specs()) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = h.d, c.dv = h.dv;
     c.batch = 2, c.sq = w.sq, c.sk = w.sk, c.hq = 4, c.hkv = 2;
     c.causal = w.causal, c.wl = w.wl, c.wr = w.wr;
@@ -783,13 +576,13 @@ TEST(FwdGpu, CausalIgnoresWindowRightBitwise) {
   };
   const W windows[] = {{-1, 7}, {-1, 1000}, {-1, kIntMax}, {kIntMax, -1}, {1299, 3}, {-5, -5}};
   for (Seqlens sl : {Seqlens{1000, 1000}, Seqlens{700, 1300}, Seqlens{1300, 700}}) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = sl.sq, c.sk = sl.sk, c.hq = 4, c.hkv = 2;
     c.causal = true;
     c.name = "causal_bitwise_sq" + std::to_string(sl.sq) + "_sk" + std::to_string(sl.sk);
     c.seed = fnv1a(c.name);
     SCOPED_TRACE(c.describe());
-    Buffers b;
+    FwdBuffers b;
     ASSERT_TRUE(upload_inputs(c, &b));
     DeviceState& ds = dev();
     const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
@@ -802,7 +595,7 @@ TEST(FwdGpu, CausalIgnoresWindowRightBitwise) {
     FLASH3_CUDA_OK(cudaMemcpy(l0.data(), ds.lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
     for (const W& w : windows) {
       if (w.wl >= 0 && w.wl != kIntMax && w.wl < c.sk - 1) continue;  // only windows that cut nothing
-      Case cw = c;
+      FwdCase cw = c;
       cw.wl = w.wl, cw.wr = w.wr;
       const flash3::Status st = run_flash3(cw, b.plan, ds.out2.ptr, ds.lse2.as<float>());
       ASSERT_TRUE(st.ok()) << cw.describe() << ": " << st.message;
@@ -832,7 +625,7 @@ TEST_P(FwdRandomWindows, MatchReference) {
   if (!pick_dtype(h, random_window_dtype(sl), &dt))
     GTEST_SKIP() << "not built: no forward kernel " << head_dims_name(h);
   if (quick_mode() && sl.sq >= 4096) GTEST_SKIP() << "quick mode (FLASH3_GPU_TESTS_QUICK=1): seqlen 4224 left out";
-  for (const Case& c : random_window_cases<Case>(GetParam(), dt, "random_window_")) {
+  for (const FwdCase& c : random_window_cases<FwdCase>(GetParam(), dt, "random_window_")) {
     check_case(c);
     if (HasFatalFailure()) return;
   }
@@ -850,10 +643,10 @@ INSTANTIATE_TEST_SUITE_P(Fwd, FwdRandomWindows,
 TEST(FwdGpu, SoftmaxScaleIsUsedAsGiven) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const int ran = check_built_cases(kAllHeadDims, [](DType t, HeadDims h) {
-    std::vector<Case> cases;
+    std::vector<FwdCase> cases;
     for (float scale : {0.3f, 0.f})
       for (Mask m : {Mask::kNone, Mask::kCausal}) {
-        Case c;
+        FwdCase c;
         c.dtype = t, c.d = h.d, c.dv = h.dv;
         c.batch = 2, c.sq = 300, c.sk = 517, c.hq = 4, c.hkv = 2;
         c.scale = scale;
@@ -872,10 +665,10 @@ TEST(FwdGpu, NegativeOrInfiniteSoftmaxScaleIsRejected) {
   DType dt = DType::kBFloat16;
   int d = 128, dv = 128;
   pick_built(&dt, &d, &dv);
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
   c.name = "bad_scale";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
   for (float scale : {-1.f, -1e-30f, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity()}) {
@@ -901,19 +694,18 @@ TEST(FwdGpu, RunsOnTheCallersStream) {
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
   for (Mask m : {Mask::kNone, Mask::kCausal}) {
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 1000, c.sk = 1000, c.hq = 4, c.hkv = 2;
     apply_mask(&c, m);
     c.name = std::string("callers_stream_") + mask_name(m);
     c.seed = fnv1a(c.name);
-    const Plan p = make_plan(c);
+    const FwdPlan p = make_plan(c);
     DeviceState& ds = dev();
     check_case(c, [&](const flash3::ForwardArgs& a) {
-      const size_t lse_bytes = (size_t(c.batch) * c.hq * c.sq + kGuard) * 4;
       return run_behind_gate(
           ds.stream, [&](cudaStream_t s) { return flash3::forward(a, s); },
           {{ds.in.ptr, size_t(p.in_elems) * 2, "q/k/v"}},
-          {{ds.out.ptr, size_t(p.out_elems) * 2, "out"}, {ds.lse.ptr, lse_bytes, "lse"}});
+          {{ds.out.ptr, size_t(p.out_elems) * 2, "out"}, {ds.lse.ptr, size_t(p.lse_elems) * 4, "lse"}});
     });
     if (HasFatalFailure()) return;
   }
@@ -930,7 +722,7 @@ TEST(FwdGpu, PendingCudaErrorDoesNotFailTheCall) {
   DType dt;
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 300, c.sk = 400, c.hq = 4, c.hkv = 2;
   c.causal = true;
   c.name = "pending_cuda_error";
@@ -946,10 +738,10 @@ TEST(FwdGpu, LseWithShapeButNoDataIsAnError) {
   DType dt;
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
   c.name = "lse_null_data";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
   flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
@@ -972,10 +764,10 @@ TEST(FwdGpu, StreamOfAnotherDeviceIsRejected) {
   DType dt;
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 2, c.hkv = 2;
   c.name = "other_device_stream";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
   const flash3::ForwardArgs a = make_args(c, b.plan, ds.in.ptr, ds.out.ptr, ds.lse.as<float>());
@@ -989,10 +781,10 @@ TEST(FwdGpu, OutputAliasingIsRejected) {
   int d, dv;
   if (!pick_built(&dt, &d, &dv)) GTEST_SKIP() << "not built: no forward kernel in this build";
   if (d != dv) GTEST_SKIP() << "needs a built d == dv variant (out shaped like q and k)";
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = d, c.dv = dv, c.batch = 2, c.sq = 128, c.sk = 128, c.hq = 4, c.hkv = 4;
   c.name = "aliasing";
-  Buffers b;
+  FwdBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
   struct Alias {
@@ -1048,15 +840,15 @@ constexpr SoftcapShape kSoftcapShapes[] = {
 // The softcap cases of one (dtype, head dims) pair. full: every mask x shape
 // (15) plus softmax_scale 0 (uniform attention); else the 5 of them with shape
 // index % 3 == mask index. The cap cycles so that every mask sees every cap.
-std::vector<Case> softcap_cases(DType dt, HeadDims h, bool full) {
-  std::vector<Case> out;
+std::vector<FwdCase> softcap_cases(DType dt, HeadDims h, bool full) {
+  std::vector<FwdCase> out;
   constexpr int kShapes = int(sizeof(kSoftcapShapes) / sizeof(kSoftcapShapes[0]));
   for (int m = 0; m < 3; ++m)
     for (int si = 0; si < kShapes; ++si) {
       if (!full && si % 3 != m) continue;
       const SoftcapShape& s = kSoftcapShapes[si];
       const SoftcapMask& mk = kSoftcapMasks[m];
-      Case c;
+      FwdCase c;
       c.dtype = dt, c.d = h.d, c.dv = h.dv;
       c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.hq, c.hkv = s.hkv;
       c.causal = mk.causal, c.wl = mk.wl, c.wr = mk.wr;
@@ -1070,7 +862,7 @@ std::vector<Case> softcap_cases(DType dt, HeadDims h, bool full) {
       out.push_back(c);
     }
   if (full) {  // softmax_scale 0: every capped score is 0, out = mean of the visible values
-    Case c;
+    FwdCase c;
     c.dtype = dt, c.d = h.d, c.dv = h.dv;
     c.batch = 2, c.sq = 300, c.sk = 177, c.hq = 4, c.hkv = 2;
     c.causal = true;
@@ -1092,7 +884,7 @@ TEST_P(SoftcapFwdHeadDims, MatchesReference) {
   const HeadDims h = GetParam();
   const int ran = run_per_dtype([&](DType dt) { return softcap_built(dt, h, false); },
                                 [&](DType dt, bool full) { return softcap_cases(dt, h, full); },
-                                [](const Case& c) { check_case(c); });
+                                [](const FwdCase& c) { check_case(c); });
   ::testing::Test::RecordProperty("cases", std::to_string(ran));
   if (ran == 0)
     GTEST_SKIP() << "not built: no forward softcap kernel " << head_dims_name(h) << " (FLASH3_FEATURES / FLASH3_HDIMS)";

@@ -50,11 +50,13 @@
 #include <cuda_runtime_api.h>
 
 #include "flash3/flash3.h"
+#include "fwd_case.h"
 #include "gpu_case.h"
 #include "gpu_helpers.cuh"
 #include "gpu_reference.cuh"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
+#include "varlen_case.h"
 
 // Internal: the launch's PackGQA decision on lowered params.
 #include "common/params.h"
@@ -67,10 +69,6 @@ using flash3::TensorView;
 namespace tu = flash3::testutil;
 using namespace flash3::gputest;
 
-constexpr double kEpsO = 1e-5;
-constexpr double kEpsLse = 1e-5;
-constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
-constexpr float kNaN = flash3::gpuref::kDefaultScale;
 // Rows of poison after each batch element's out / lse rows (and after varlen's
 // last row) in the cases that look for stores outside the problem: a packed
 // tile past the last query row covers fewer than tile_m (<= 192) query rows.
@@ -99,239 +97,20 @@ void expect_pack_decision(const flash3::ForwardArgs& a, std::optional<bool> expe
 const char* pack_name(int pack) { return pack == 1 ? "_pack1" : (pack == 0 ? "_pack0" : "_packauto"); }
 
 // ---------------------------------------------------------------------------
-// Device state shared by all tests of the process (buffers only grow).
+// Device state shared by all tests of the process (buffers only grow): the
+// varlen forward's (varlen_case.h), which holds the fixed-length one's.
 // ---------------------------------------------------------------------------
-struct DeviceState {
-  cudaStream_t stream = nullptr;
-  tu::DeviceBuffer in, out, lse, meta, ref_o, ref_lse, low_o, low_lse;
-};
+struct DeviceState : VarlenDevice {};
 
-DeviceState& dev() {
-  static DeviceState* s = [] {
-    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
-    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
-    return st;
-  }();
-  return *s;
-}
+DeviceState& dev() { return device_state<DeviceState>(); }
 
-::testing::AssertionResult reserve_all(std::initializer_list<std::pair<tu::DeviceBuffer*, size_t>> bufs) {
-  for (auto [buf, bytes] : bufs) {
-    const cudaError_t e = buf->reserve(bytes);
-    if (e != cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
-  }
-  return ::testing::AssertionSuccess();
-}
-
-uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
-
-// ===========================================================================
-// Fixed length.
-// ===========================================================================
-struct Case {
-  DType dtype = DType::kBFloat16;
-  int d = 128, dv = 128;
-  int sq = 128, sk = 128;
-  int hq = 8, hkv = 2;
-  int batch = 1;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float scale = kNaN;    // softmax_scale; NaN: 1/sqrt(d)
-  float softcap = 0.f;   // opts.softcap; 0: off
-  int pack = 1;          // opts.pack_gqa
-  Layout layout = Layout::kContiguous;  // kContiguous or kPadded (q, k, v and out)
-  int gap_rows = 0;      // > 0: out padded with this many rows of poison after each batch element, lse likewise
-  uint64_t seed = 1;
-  std::string name;
-
-  std::string describe() const {
-    std::ostringstream os;
-    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " b=" << batch << " sq=" << sq
-       << " sk=" << sk << " hq=" << hq << " hkv=" << hkv << " causal=" << causal << " window=(" << wl << "," << wr
-       << ") scale=" << scale;
-    if (softcap > 0.f) os << " softcap=" << softcap;
-    os << " pack_gqa=" << pack << " layout=" << layout_name(layout);
-    if (gap_rows > 0) os << " gap_rows=" << gap_rows;
-    os << " seed=" << seed << "]";
-    return os.str();
-  }
-};
-
-// q / k / v in one allocation; out (b, sq, hq, dv) and lse (b, hq, sq) in their
-// own, each followed by at least kGuard poisoned elements.
-struct Plan {
-  View q, k, v, o;
-  int64_t in_elems = 0, out_elems = 0;
-  int64_t lse_sh = 0, lse_sb = 0, lse_elems = 0;  // lse head / batch strides, allocation (floats)
-};
-
-Plan make_plan(const Case& c) {
-  Plan p;
-  const QKV in = make_qkv(c.layout, c.batch, c.sq, c.sk, c.hq, c.hkv, c.d, c.dv);
-  p.q = in.q, p.k = in.k, p.v = in.v;
-  p.in_elems = in.elems;
-  const int64_t sq1 = std::max(c.sq, 1);
-  if (c.gap_rows > 0) {
-    p.o = padded_view(0, c.batch, c.sq, c.hq, c.dv);
-    p.o.sb = (sq1 + c.gap_rows) * p.o.sr;
-  } else {
-    p.o = c.layout == Layout::kPadded ? padded_view(0, c.batch, c.sq, c.hq, c.dv)
-                                      : dense_view(0, c.batch, c.sq, c.hq, c.dv);
-  }
-  p.out_elems = p.o.span() + std::max<int64_t>(kGuard, int64_t(c.gap_rows) * p.o.sr);
-  p.lse_sh = sq1 + c.gap_rows;
-  p.lse_sb = c.hq * p.lse_sh;
-  p.lse_elems = c.batch * p.lse_sb + std::max<int64_t>(kGuard, c.gap_rows);
-  return p;
-}
-
-flash3::ForwardArgs make_args(const Case& c, const Plan& p, void* in, void* out, float* lse) {
-  flash3::ForwardArgs a;
-  auto view4 = [&](void* base, const View& v) {
-    return TensorView::make4d(elem16(base, v.offset), c.dtype, v.b, v.s, v.h, v.d, v.sb, v.sr, v.sh, 1);
+// A ForwardCall (fwd_case.h) that checks the launch's packing decision on the
+// arguments, then runs flash3::forward on the test stream.
+ForwardCall checking_pack_decision(std::optional<bool> expected, std::string what) {
+  return [expected, what](const flash3::ForwardArgs& a) {
+    expect_pack_decision(a, expected, what);
+    return flash3::forward(a, dev().stream);
   };
-  a.q = view4(in, p.q);
-  a.k = view4(in, p.k);
-  a.v = view4(in, p.v);
-  a.out = view4(out, p.o);
-  a.lse = TensorView::make3d(lse, DType::kFloat32, c.batch, c.hq, c.sq, p.lse_sb, p.lse_sh, 1);
-  a.opts.causal = c.causal;
-  a.opts.window_left = c.wl;
-  a.opts.window_right = c.wr;
-  a.opts.softmax_scale = c.scale;
-  a.opts.softcap = c.softcap;
-  a.opts.pack_gqa = c.pack;
-  return a;
-}
-
-flash3::gpuref::Args make_ref_args(const Case& c, const Plan& p, const void* in, float* out, float* lse) {
-  flash3::gpuref::Args r;
-  r.dtype = c.dtype;
-  r.batch = c.batch;
-  r.seqlen_q = c.sq;
-  r.seqlen_k = c.sk;
-  r.heads_q = c.hq;
-  r.heads_kv = c.hkv;
-  r.head_dim = c.d;
-  r.head_dim_v = c.dv;
-  auto s16 = [&](const View& v) {
-    flash3::gpuref::Strided16 t;
-    t.data = static_cast<const uint16_t*>(in) + v.offset;
-    t.batch_stride = v.sb;
-    t.row_stride = v.sr;
-    t.head_stride = v.sh;
-    return t;
-  };
-  r.q = s16(p.q);
-  r.k = s16(p.k);
-  r.v = s16(p.v);
-  r.causal = c.causal;
-  r.window_left = c.wl;
-  r.window_right = c.wr;
-  r.softmax_scale = c.scale;
-  r.softcap = c.softcap;
-  r.out = out;
-  r.lse = lse;
-  return r;
-}
-
-std::string where_o(const Case& c, size_t i) {
-  const int64_t dv = c.dv, hq = c.hq, sq = c.sq;
-  std::ostringstream os;
-  os << "(b=" << int64_t(i) / (dv * hq * sq) << ", s=" << (int64_t(i) / (dv * hq)) % sq
-     << ", h=" << (int64_t(i) / dv) % hq << ", c=" << int64_t(i) % dv << ")";
-  return os.str();
-}
-std::string where_lse(const Case& c, size_t i) {
-  std::ostringstream os;
-  os << "(b=" << int64_t(i) / (int64_t(c.hq) * c.sq) << ", h=" << (int64_t(i) / c.sq) % c.hq
-     << ", s=" << int64_t(i) % c.sq << ")";
-  return os.str();
-}
-
-// A checked result, dense (o (b, sq, hq, dv), lse (b, hq, sq)), with the
-// tolerance baselines, for comparing two flash3 results of the same inputs.
-struct Outcome {
-  std::vector<double> o, lse;
-  double o_base = 0, lse_base = 0;
-};
-
-// Full check of one case: inputs from the case's seed, out / lse poisoned,
-// flash3::forward, the launch's packing decision, nothing written outside the
-// views, O and LSE against the fp32 GPU reference (baseline: its emulation of
-// a plain bf16 / fp16 implementation).
-void check_case(const Case& c, Outcome* outcome = nullptr) {
-  SCOPED_TRACE(c.describe());
-  const Plan p = make_plan(c);
-  DeviceState& d = dev();
-  const size_t n_o = size_t(c.batch) * c.sq * c.hq * c.dv;
-  const size_t n_lse = size_t(c.batch) * c.hq * c.sq;
-  const size_t ref_o_bytes = std::max<size_t>(n_o, 1) * 4, ref_lse_bytes = std::max<size_t>(n_lse, 1) * 4;
-  ASSERT_TRUE(reserve_all({{&d.in, size_t(p.in_elems) * 2}, {&d.out, size_t(p.out_elems) * 2},
-                       {&d.lse, size_t(p.lse_elems) * 4}, {&d.ref_o, ref_o_bytes}, {&d.low_o, ref_o_bytes},
-                       {&d.ref_lse, ref_lse_bytes}, {&d.low_lse, ref_lse_bytes}}));
-  std::vector<uint16_t> host_in(size_t(p.in_elems));
-  tu::fill_normal(host_in.data(), host_in.size(), c.dtype, c.seed);
-  FLASH3_CUDA_OK(cudaMemcpyAsync(d.in.ptr, host_in.data(), host_in.size() * 2, cudaMemcpyHostToDevice, d.stream));
-  FLASH3_CUDA_OK(cudaMemsetAsync(d.out.ptr, 0xff, size_t(p.out_elems) * 2, d.stream));
-  FLASH3_CUDA_OK(cudaMemsetAsync(d.lse.ptr, 0xff, size_t(p.lse_elems) * 4, d.stream));
-
-  const flash3::ForwardArgs args = make_args(c, p, d.in.ptr, d.out.ptr, d.lse.as<float>());
-  expect_pack_decision(args, expected_pack(c.dtype, {c.d, c.dv}, c.hq, c.hkv, c.softcap, c.pack, false),
-                       c.describe());
-  const flash3::Status st = flash3::forward(args, d.stream);
-  ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
-  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
-  FLASH3_CUDA_OK(cudaGetLastError());
-
-  const auto ref_args = make_ref_args(c, p, d.in.ptr, d.ref_o.as<float>(), d.ref_lse.as<float>());
-  FLASH3_CUDA_OK(flash3::gpuref::forward(ref_args, flash3::gpuref::Mode::kFloat32, d.stream));
-  const auto low_args = make_ref_args(c, p, d.in.ptr, d.low_o.as<float>(), d.low_lse.as<float>());
-  FLASH3_CUDA_OK(flash3::gpuref::forward(low_args, flash3::gpuref::Mode::kLowPrecision, d.stream));
-
-  std::vector<uint16_t> h_out(size_t(p.out_elems));
-  std::vector<uint32_t> h_lse(size_t(p.lse_elems));
-  std::vector<float> h_ref_o(n_o), h_low_o(n_o), h_ref_lse(n_lse), h_low_lse(n_lse);
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_out.data(), d.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_lse.data(), d.lse.ptr, h_lse.size() * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_o.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_o.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_ref_lse.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(h_low_lse.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream));
-  FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
-
-  // Nothing written outside out's view (padding, gaps, guard) or lse's.
-  const int64_t clobbered = count_clobbered(h_out, {&p.o});
-  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
-                          << " elements of the out allocation outside the (b, sq, hq, dv) view";
-  std::vector<double> lse(n_lse);
-  std::vector<uint8_t> inside(h_lse.size(), 0);
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t s = 0; s < c.sq; ++s) {
-        const size_t at = size_t(b * p.lse_sb + h * p.lse_sh + s);
-        inside[at] = 1;
-        lse[size_t((b * c.hq + h) * c.sq + s)] = tu::bits_f32(h_lse[at]);
-      }
-  int64_t lse_outside = 0;
-  for (size_t i = 0; i < h_lse.size(); ++i) lse_outside += !inside[i] && h_lse[i] != kPoison32;
-  EXPECT_EQ(lse_outside, 0) << c.describe() << ": flash3 wrote " << lse_outside
-                            << " floats of the lse allocation outside the (b, hq, sq) view";
-
-  const std::vector<double> o = extract(h_out, p.o, c.dtype);
-  const Verdict vo = judge("O", o, to_double(h_ref_o), to_double(h_low_o), kEpsO,
-                           [&](size_t i) { return where_o(c, i); }, tol_factor(c));
-  EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << vo.text;
-  const Verdict vl = judge("LSE", lse, to_double(h_ref_lse), to_double(h_low_lse), kEpsLse,
-                           [&](size_t i) { return where_lse(c, i); }, tol_factor(c));
-  EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << vl.text;
-  if (outcome != nullptr) {
-    outcome->o = o;
-    outcome->lse = std::move(lse);
-    outcome->o_base = vo.r.base_err;
-    outcome->lse_base = vl.r.base_err;
-  }
 }
 
 // A case that runs the packed kernel once its unit is built: the suites of
@@ -342,8 +121,32 @@ void check_case(const Case& c, Outcome* outcome = nullptr) {
                                        << " softcap=" << softcap << "): the unpacked kernel would run";
 }
 
-void check_packed_case(const Case& c) {
-  ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack)) << c.describe();
+// The body of a forced-packing suite (PackGqaFwd, PackGqaVarlen) for head dims
+// h: check(c) on every case of cases(dtype, full) of each dtype whose packed
+// unit is built (run_per_dtype); the number run as property "cases", and a
+// skip where none is built.
+template <class Cases, class Check>
+void run_packed_suite(HeadDims h, Cases&& cases, Check&& check) {
+  const int ran = run_per_dtype([&](DType dt) { return packgqa_built(dt, h); }, cases, check);
+  ::testing::Test::RecordProperty("cases", std::to_string(ran));
+  if (ran == 0 && !::testing::Test::HasFatalFailure())
+    GTEST_SKIP() << "not built: no forward packgqa unit " << head_dims_name(h)
+                 << " (FLASH3_FEATURES / FLASH3_HDIMS / FLASH3_DTYPES)";
+}
+
+// ===========================================================================
+// Fixed length.
+// ===========================================================================
+// Full check of one case (fwd_case.h's check_fwd_case) with the launch's
+// packing decision; `outcome` (optional) receives the checked result.
+void check_case(const FwdCase& c, FwdOutcome* outcome = nullptr) {
+  const std::optional<bool> expected =
+      expected_pack(c.dtype, {c.d, c.dv}, c.hq, c.hkv, c.softcap, c.pack_gqa, false);
+  check_fwd_case(dev(), c, checking_pack_decision(expected, c.describe()), outcome);
+}
+
+void check_packed_case(const FwdCase& c) {
+  ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack_gqa)) << c.describe();
   check_case(c);
 }
 
@@ -375,30 +178,36 @@ constexpr Seqlens kPackSeqlens[] = {
     {128, 500},  {200, 7},    {200, 500},  {200, 2048}, {1000, 1},   {1000, 128}, {1000, 2048}};
 constexpr int kNumPackSeqlens = int(sizeof(kPackSeqlens) / sizeof(kPackSeqlens[0]));
 
+// prefix + (dtype, head dims, mask, seqlens, heads): the start of a case's
+// name, which seeds its inputs.
+std::string pack_case_name(const char* prefix, DType dt, HeadDims h, const PackMask& m, Seqlens sl, Heads heads) {
+  return std::string(prefix) + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + m.name + "_sq" +
+         std::to_string(sl.sq) + "_sk" + std::to_string(sl.sk) + "_" + heads_name(heads);
+}
+
 // Every fixed-length case of one (dtype, head dims), numbered: each seqlen pair
 // i with masks i and i + 2 (mod 5), which gives every (mask, head ratio) pair
 // and both sq > sk and sq < sk under every mask. Batch 1-3 (1 where sq * hq is
 // large), every fourth case padded. The name (without the pack_gqa setting)
 // seeds the inputs, so the same case with another pack_gqa reads the same ones.
-std::vector<Case> all_pack_cases(DType dt, HeadDims h, int pack) {
-  std::vector<Case> out;
+std::vector<FwdCase> all_pack_cases(DType dt, HeadDims h, int pack) {
+  std::vector<FwdCase> out;
   for (int i = 0; i < kNumPackSeqlens; ++i)
     for (int j : {i % kNumPackMasks, (i + 2) % kNumPackMasks}) {
       const int k = int(out.size());
       const Seqlens sl = kPackSeqlens[i];
       const Heads heads = kPackHeads[(i + j) % kNumPackHeads];
       const PackMask& m = kPackMasks[j];
-      Case c;
+      FwdCase c;
       c.dtype = dt, c.d = h.d, c.dv = h.dv;
       c.sq = sl.sq, c.sk = sl.sk;
       c.hq = heads.hq, c.hkv = heads.hkv;
       c.batch = int64_t(sl.sq) * heads.hq > 8000 ? 1 : 1 + k % 3;
       c.causal = m.causal, c.wl = m.wl, c.wr = m.wr;
       c.layout = k % 4 == 1 ? Layout::kPadded : Layout::kContiguous;
-      c.pack = pack;
-      c.name = std::string("packgqa_") + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + m.name + "_sq" +
-               std::to_string(sl.sq) + "_sk" + std::to_string(sl.sk) + "_" + heads_name(heads) + "_b" +
-               std::to_string(c.batch) + (c.layout == Layout::kPadded ? "_padded" : "");
+      c.pack_gqa = pack;
+      c.name = pack_case_name("packgqa_", dt, h, m, sl, heads) + "_b" + std::to_string(c.batch) +
+               (c.layout == Layout::kPadded ? "_padded" : "");
       c.seed = fnv1a(c.name);
       c.name += pack_name(pack);
       out.push_back(c);
@@ -407,8 +216,8 @@ std::vector<Case> all_pack_cases(DType dt, HeadDims h, int pack) {
 }
 
 // The cases whose number is `rem` mod `mod`.
-std::vector<Case> every(const std::vector<Case>& all, int mod, int rem) {
-  std::vector<Case> out;
+std::vector<FwdCase> every(const std::vector<FwdCase>& all, int mod, int rem) {
+  std::vector<FwdCase> out;
   for (size_t k = 0; k < all.size(); ++k)
     if (int(k) % mod == rem) out.push_back(all[k]);
   return out;
@@ -416,17 +225,38 @@ std::vector<Case> every(const std::vector<Case>& all, int mod, int rem) {
 
 // Forced packing: all 56 (quick: every third), or the reduced set of the
 // second dtype, every eighth (every mask; quick: every 24th).
-std::vector<Case> forced_cases(DType dt, HeadDims h, bool full) {
-  const std::vector<Case> all = all_pack_cases(dt, h, 1);
+std::vector<FwdCase> forced_cases(DType dt, HeadDims h, bool full) {
+  const std::vector<FwdCase> all = all_pack_cases(dt, h, 1);
   if (full) return quick_mode() ? every(all, 3, 0) : all;
   return quick_mode() ? every(all, 24, 0) : every(all, 8, 0);
 }
 
 // pack_gqa = 0 / -1: every eighth case (quick: every 24th), not those of the
 // reduced forced set.
-std::vector<Case> mode_cases(DType dt, HeadDims h, int pack) {
-  const std::vector<Case> all = all_pack_cases(dt, h, pack);
+std::vector<FwdCase> mode_cases(DType dt, HeadDims h, int pack) {
+  const std::vector<FwdCase> all = all_pack_cases(dt, h, pack);
   return quick_mode() ? every(all, 24, 2) : every(all, 8, 2);
+}
+
+// A hand-picked shape of the single tests (mask: an index into kPackMasks).
+struct PackShape {
+  int b, sq, sk;
+  Heads heads;
+  int mask;
+  Layout layout;
+};
+
+// Shape s in (dt, h), named and seeded by pack_case_name(prefix, ...).
+FwdCase shape_case(const char* prefix, DType dt, HeadDims h, const PackShape& s) {
+  const PackMask& m = kPackMasks[s.mask];
+  FwdCase c;
+  c.dtype = dt, c.d = h.d, c.dv = h.dv;
+  c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.heads.hq, c.hkv = s.heads.hkv;
+  c.causal = m.causal, c.wl = m.wl, c.wr = m.wr;
+  c.layout = s.layout;
+  c.name = pack_case_name(prefix, dt, h, m, {s.sq, s.sk}, s.heads);
+  c.seed = fnv1a(c.name);
+  return c;
 }
 
 // The dtype a head-dim pair runs in: the first of bf16, fp16 with the packed
@@ -455,13 +285,8 @@ class PackGqaFwd : public ::testing::TestWithParam<HeadDims> {};
 TEST_P(PackGqaFwd, MatchesReference) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const HeadDims h = GetParam();
-  const int ran = run_per_dtype([&](DType dt) { return packgqa_built(dt, h); },
-                                [&](DType dt, bool full) { return forced_cases(dt, h, full); },
-                                [](const Case& c) { check_packed_case(c); });
-  RecordProperty("cases", std::to_string(ran));
-  if (ran == 0 && !HasFatalFailure())
-    GTEST_SKIP() << "not built: no forward packgqa unit " << head_dims_name(h)
-                 << " (FLASH3_FEATURES / FLASH3_HDIMS / FLASH3_DTYPES)";
+  run_packed_suite(h, [&](DType dt, bool full) { return forced_cases(dt, h, full); },
+                   [](const FwdCase& c) { check_packed_case(c); });
 }
 
 INSTANTIATE_TEST_SUITE_P(PackGqa, PackGqaFwd, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
@@ -474,39 +299,25 @@ INSTANTIATE_TEST_SUITE_P(PackGqa, PackGqaFwd, ::testing::ValuesIn(kAllHeadDims),
 // ===========================================================================
 TEST(PackGqaGpu, PackedAndUnpackedAgree) {
   FLASH3_SKIP_WITHOUT_HOPPER();
-  struct S {
-    int b, sq, sk;
-    Heads heads;
-    int mask;  // index into kPackMasks
-    Layout layout;
-  };
-  const S shapes[] = {{2, 1, 2048, {32, 2}, 0, Layout::kContiguous},
-                      {1, 100, 500, {10, 2}, 1, Layout::kPadded},
-                      {3, 64, 128, {8, 1}, 3, Layout::kContiguous},
-                      {1, 1000, 2048, {16, 2}, 4, Layout::kContiguous},
-                      {2, 3, 7, {12, 2}, 2, Layout::kPadded}};
+  const PackShape shapes[] = {{2, 1, 2048, {32, 2}, 0, Layout::kContiguous},
+                              {1, 100, 500, {10, 2}, 1, Layout::kPadded},
+                              {3, 64, 128, {8, 1}, 3, Layout::kContiguous},
+                              {1, 1000, 2048, {16, 2}, 4, Layout::kContiguous},
+                              {2, 3, 7, {12, 2}, 2, Layout::kPadded}};
   int ran = 0;
   int64_t total_diff_o = 0, total_diff_lse = 0;
   for (const HeadDims& h : kAllHeadDims) {
     DType dt;
     if (!pick_pack_dtype(h, false, &dt)) continue;
-    for (const S& s : shapes) {
-      const PackMask& m = kPackMasks[s.mask];
-      Case c;
-      c.dtype = dt, c.d = h.d, c.dv = h.dv;
-      c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.heads.hq, c.hkv = s.heads.hkv;
-      c.causal = m.causal, c.wl = m.wl, c.wr = m.wr;
-      c.layout = s.layout;
-      const std::string base = std::string("packed_vs_unpacked_") + tu::short_dtype(dt) + "_" + head_dims_name(h) +
-                               "_" + m.name + "_sq" + std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" +
-                               heads_name(s.heads);
-      c.seed = fnv1a(base);
-      Outcome packed, unpacked;
-      c.pack = 1, c.name = base + pack_name(1);
-      ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack));
+    for (const PackShape& s : shapes) {
+      FwdCase c = shape_case("packed_vs_unpacked_", dt, h, s);
+      const std::string base = c.name;  // seeds both runs
+      FwdOutcome packed, unpacked;
+      c.pack_gqa = 1, c.name = base + pack_name(1);
+      ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack_gqa));
       check_case(c, &packed);
       if (HasFatalFailure()) return;
-      c.pack = 0, c.name = base + pack_name(0);
+      c.pack_gqa = 0, c.name = base + pack_name(0);
       check_case(c, &unpacked);
       if (HasFatalFailure()) return;
       ++ran;
@@ -544,14 +355,14 @@ TEST(PackGqaGpu, ForcedWithoutPackedUnitRunsUnpacked) {
   for (const HeadDims& h : kAllHeadDims)
     for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
       if (!flash3::forward_is_built(dt, h.d, h.dv)) continue;
-      std::vector<Case> cases;
+      std::vector<FwdCase> cases;
       auto add = [&](const char* tag, Heads heads, float softcap, bool causal) {
-        Case c;
+        FwdCase c;
         c.dtype = dt, c.d = h.d, c.dv = h.dv;
         c.batch = 2, c.sq = 77, c.sk = 300, c.hq = heads.hq, c.hkv = heads.hkv;
         c.causal = causal;
         c.softcap = softcap;
-        c.pack = 1;
+        c.pack_gqa = 1;
         c.name = std::string("forced_fallback_") + tag + "_" + tu::short_dtype(dt) + "_" + head_dims_name(h);
         c.seed = fnv1a(c.name);
         cases.push_back(c);
@@ -559,7 +370,7 @@ TEST(PackGqaGpu, ForcedWithoutPackedUnitRunsUnpacked) {
       add("mha4x4", {4, 4}, 0.f, true);
       if (softcap_built(dt, h, false)) add("softcap5_gqa8x2", {8, 2}, 5.f, false);
       if (!packgqa_built(dt, h)) add("unit_not_built_gqa8x2", {8, 2}, 0.f, true);
-      for (const Case& c : cases) {
+      for (const FwdCase& c : cases) {
         check_case(c);
         if (HasFatalFailure()) return;
         ++ran;
@@ -579,12 +390,12 @@ TEST(PackGqaGpu, OtherValuesAreRejected) {
       h = x;
       break;
     }
-  Case c;
+  FwdCase c;
   c.dtype = dt, c.d = h.d, c.dv = h.dv, c.batch = 1, c.sq = 64, c.sk = 64, c.hq = 8, c.hkv = 2;
-  const Plan p = make_plan(c);
+  const FwdPlan p = make_plan(c);
   DeviceState& d = dev();
-  ASSERT_TRUE(reserve_all({{&d.in, size_t(p.in_elems) * 2}, {&d.out, size_t(p.out_elems) * 2},
-                       {&d.lse, size_t(p.lse_elems) * 4}}));
+  ASSERT_TRUE(reserve_all(
+      {{&d.in, size_t(p.in_elems) * 2}, {&d.out, size_t(p.out_elems) * 2}, {&d.lse, size_t(p.lse_elems) * 4}}));
   for (int bad : {2, -2, 100, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()}) {
     flash3::ForwardArgs a = make_args(c, p, d.in.ptr, d.out.ptr, d.lse.as<float>());
     a.opts.pack_gqa = bad;
@@ -597,146 +408,22 @@ TEST(PackGqaGpu, OtherValuesAreRejected) {
 }
 
 // ===========================================================================
-// Variable length.
+// Variable length (varlen_case.h): every case has kGapRows rows of poison after
+// out and after each head's lse rows.
 // ===========================================================================
-struct VCase {
-  DType dtype = DType::kBFloat16;
-  int d = 128, dv = 128;
-  int hq = 8, hkv = 2;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float scale = kNaN;
-  float softcap = 0.f;
-  int pack = 1;
-  std::vector<int> len_q, len_k;    // rows of each sequence (cu_seqlens differences)
-  std::vector<int> used_q, used_k;  // seqused_q / seqused_k; empty: not passed
-  Layout layout = Layout::kContiguous;
-  uint64_t seed = 1;
-  std::string name;
-
-  int n() const { return int(len_q.size()); }
-  // Real lengths (seqused clamped to [0, len], as the API specifies).
-  int eff_q(int b) const { return used_q.empty() ? len_q[b] : std::clamp(used_q[b], 0, len_q[b]); }
-  int eff_k(int b) const { return used_k.empty() ? len_k[b] : std::clamp(used_k[b], 0, len_k[b]); }
-  static int64_t sum(const std::vector<int>& x) {
-    int64_t t = 0;
-    for (int v : x) t += v;
-    return t;
-  }
-  static int longest(const std::vector<int>& x) { return std::max(1, *std::max_element(x.begin(), x.end())); }
-  int64_t total_q() const { return sum(len_q); }
-  int64_t total_k() const { return sum(len_k); }
-
-  std::string describe() const {
-    std::ostringstream os;
-    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " hq=" << hq << " hkv=" << hkv
-       << " causal=" << causal << " window=(" << wl << "," << wr << ") pack_gqa=" << pack
-       << " layout=" << layout_name(layout) << " seed=" << seed << "; (len_q[/used_q], len_k[/used_k]):";
-    for (int b = 0; b < n(); ++b) {
-      os << " (" << len_q[b];
-      if (!used_q.empty()) os << "/" << used_q[b];
-      os << "," << len_k[b];
-      if (!used_k.empty()) os << "/" << used_k[b];
-      os << ")";
-    }
-    os << "]";
-    return os.str();
-  }
-};
-
-// q / k / v / out as (1, total, h, d) views; lse (hq, total_q) with kGapRows
-// of poison after each head's rows; out followed by kGapRows rows of poison;
-// cu_seqlens / seqused in one int32 buffer (each array 16-byte aligned).
-struct VPlan {
-  View q, k, v, o;
-  int64_t in_elems = 0, out_elems = 0;
-  int64_t lse_stride = 0, lse_elems = 0;
-  std::vector<int> cu_q, cu_k;
-  int64_t m_cu_q = 0, m_cu_k = 0, m_used_q = 0, m_used_k = 0;
-  std::vector<int> meta;
-};
-
-VPlan make_vplan(const VCase& c) {
-  VPlan p;
-  const int64_t tq = c.total_q(), tk = c.total_k();
-  const QKV in = make_qkv(c.layout, 1, tq, tk, c.hq, c.hkv, c.d, c.dv);
-  p.q = in.q, p.k = in.k, p.v = in.v;
-  p.in_elems = in.elems;
-  p.o = c.layout == Layout::kPadded ? padded_view(0, 1, tq, c.hq, c.dv) : dense_view(0, 1, tq, c.hq, c.dv);
-  p.out_elems = p.o.span() + std::max<int64_t>(kGuard, int64_t(kGapRows) * p.o.sr);
-  p.lse_stride = std::max<int64_t>(tq, 1) + kGapRows;
-  p.lse_elems = int64_t(c.hq) * p.lse_stride + kGuard;
-  p.cu_q.assign(size_t(c.n()) + 1, 0);
-  p.cu_k.assign(size_t(c.n()) + 1, 0);
-  for (int b = 0; b < c.n(); ++b) {
-    p.cu_q[b + 1] = p.cu_q[b] + c.len_q[b];
-    p.cu_k[b + 1] = p.cu_k[b] + c.len_k[b];
-  }
-  const int64_t n1 = round_up(c.n() + 1, 4), n0 = round_up(std::max(c.n(), 1), 4);
-  p.m_cu_q = 0, p.m_cu_k = n1, p.m_used_q = 2 * n1, p.m_used_k = 2 * n1 + n0;
-  p.meta.assign(size_t(2 * n1 + 2 * n0), 0);
-  std::copy(p.cu_q.begin(), p.cu_q.end(), p.meta.begin() + p.m_cu_q);
-  std::copy(p.cu_k.begin(), p.cu_k.end(), p.meta.begin() + p.m_cu_k);
-  std::copy(c.used_q.begin(), c.used_q.end(), p.meta.begin() + p.m_used_q);
-  std::copy(c.used_k.begin(), c.used_k.end(), p.meta.begin() + p.m_used_k);
-  return p;
-}
-
-flash3::ForwardArgs make_vargs(const VCase& c, const VPlan& p, void* in, void* out, float* lse, void* meta) {
-  auto view3 = [&](void* base, const View& v) {
-    return TensorView::make3d(elem16(base, v.offset), c.dtype, v.s, v.h, v.d, v.sr, v.sh, 1);
-  };
-  flash3::ForwardArgs a;
-  a.q = view3(in, p.q);
-  a.k = view3(in, p.k);
-  a.v = view3(in, p.v);
-  a.out = view3(out, p.o);
-  a.lse.data = lse;
-  a.lse.dtype = DType::kFloat32;
-  a.lse.ndim = 2;
-  a.lse.shape[0] = c.hq;
-  a.lse.shape[1] = c.total_q();
-  a.lse.stride[0] = p.lse_stride;
-  a.lse.stride[1] = 1;
-  const int* m = static_cast<const int*>(meta);
-  flash3::AttentionOptions& o = a.opts;
-  o.causal = c.causal;
-  o.window_left = c.wl;
-  o.window_right = c.wr;
-  o.softmax_scale = c.scale;
-  o.softcap = c.softcap;
-  o.pack_gqa = c.pack;
-  o.cu_seqlens_q = m + p.m_cu_q;
-  o.cu_seqlens_k = m + p.m_cu_k;
-  o.seqused_q = c.used_q.empty() ? nullptr : m + p.m_used_q;
-  o.seqused_k = c.used_k.empty() ? nullptr : m + p.m_used_k;
-  o.max_seqlen_q = VCase::longest(c.len_q);
-  o.max_seqlen_k = VCase::longest(c.len_k);
-  o.num_sequences = c.n();
-  return a;
-}
-
-struct SeqRef {
-  std::vector<double> o, lse, low_o, low_lse;  // o: (sq, hq, dv); lse: (hq, sq)
-};
-
 // Sequence s as its own fixed-length problem (batch 1, eff_q x eff_k, its
 // bottom-right mask) on the fp32 GPU reference, reading its used rows in
 // place (offsets computed here, not by the kernels).
-::testing::AssertionResult sequence_reference(const VCase& c, const VPlan& p, int s, SeqRef* r) {
+::testing::AssertionResult sequence_reference(const VCase& c, const VPlan& p, int s, RefOutputs* r) {
   const int sq = c.eff_q(s), sk = c.eff_k(s);
-  const size_t n_o = size_t(sq) * c.hq * c.dv, n_lse = size_t(sq) * c.hq;
   if (sk == 0) {  // no key: out = 0, lse = -inf
-    r->o.assign(n_o, 0.0);
+    r->o.assign(size_t(sq) * c.hq * c.dv, 0.0);
     r->low_o = r->o;
-    r->lse.assign(n_lse, -std::numeric_limits<double>::infinity());
+    r->lse.assign(size_t(sq) * c.hq, -std::numeric_limits<double>::infinity());
     r->low_lse = r->lse;
     return ::testing::AssertionSuccess();
   }
   DeviceState& d = dev();
-  const ::testing::AssertionResult rs =
-      reserve_all({{&d.ref_o, n_o * 4}, {&d.low_o, n_o * 4}, {&d.ref_lse, n_lse * 4}, {&d.low_lse, n_lse * 4}});
-  if (!rs) return rs;
   auto rows = [&](const View& v, int64_t row0, int64_t n) {
     flash3::gpuref::Strided16 t;
     t.data = d.in.as<const uint16_t>() + v.at(0, row0, 0, 0);
@@ -752,68 +439,44 @@ struct SeqRef {
   ra.q = rows(p.q, p.cu_q[s], sq);
   ra.k = rows(p.k, p.cu_k[s], sk);
   ra.v = rows(p.v, p.cu_k[s], sk);
-  ra.softmax_scale = c.scale;
-  ra.softcap = c.softcap;
-  ra.causal = c.causal, ra.window_left = c.wl, ra.window_right = c.wr;
-  flash3::gpuref::Args la = ra;
-  ra.out = d.ref_o.as<float>(), ra.lse = d.ref_lse.as<float>();
-  la.out = d.low_o.as<float>(), la.lse = d.low_lse.as<float>();
-  cudaError_t e = flash3::gpuref::forward(ra, flash3::gpuref::Mode::kFloat32, d.stream);
-  if (e == cudaSuccess) e = flash3::gpuref::forward(la, flash3::gpuref::Mode::kLowPrecision, d.stream);
-  std::vector<float> fo(n_o), fl(n_lse), lo(n_o), ll(n_lse);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(fo.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(lo.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(fl.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(ll.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << "GPU reference: " << cudaGetErrorString(e);
-  r->o = to_double(fo), r->low_o = to_double(lo), r->lse = to_double(fl), r->low_lse = to_double(ll);
-  return ::testing::AssertionSuccess();
+  set_mask_and_scale(c, &ra);
+  return run_gpu_reference(ra, d, r);
 }
 
-// Full check of one varlen case: upload, poison, run, then the poison outside
-// the used rows and each sequence against its own reference.
+// Full check of one varlen case: upload, poison, run (with the launch's
+// packing decision), then the poison outside the used rows and each sequence
+// against its own reference.
 void check_vcase(const VCase& c) {
   SCOPED_TRACE(c.describe());
-  const VPlan p = make_vplan(c);
   DeviceState& d = dev();
-  ASSERT_TRUE(reserve_all({{&d.in, size_t(p.in_elems) * 2}, {&d.out, size_t(p.out_elems) * 2},
-                       {&d.lse, size_t(p.lse_elems) * 4}, {&d.meta, p.meta.size() * 4}}));
-  std::vector<uint16_t> host_in(size_t(p.in_elems));
-  tu::fill_normal(host_in.data(), host_in.size(), c.dtype, c.seed);
-  FLASH3_CUDA_OK(cudaMemcpyAsync(d.in.ptr, host_in.data(), host_in.size() * 2, cudaMemcpyHostToDevice, d.stream));
-  FLASH3_CUDA_OK(cudaMemcpyAsync(d.meta.ptr, p.meta.data(), p.meta.size() * 4, cudaMemcpyHostToDevice, d.stream));
-  FLASH3_CUDA_OK(cudaMemsetAsync(d.out.ptr, 0xff, size_t(p.out_elems) * 2, d.stream));
-  FLASH3_CUDA_OK(cudaMemsetAsync(d.lse.ptr, 0xff, size_t(p.lse_elems) * 4, d.stream));
-
-  const flash3::ForwardArgs args = make_vargs(c, p, d.in.ptr, d.out.ptr, d.lse.as<float>(), d.meta.ptr);
-  expect_pack_decision(args, expected_pack(c.dtype, {c.d, c.dv}, c.hq, c.hkv, c.softcap, c.pack, true),
-                       c.describe());
-  const flash3::Status st = flash3::forward(args, d.stream);
+  VBuffers b;
+  ASSERT_TRUE(upload_varlen_inputs(d, c, &b));
+  const VPlan& p = b.plan;
+  const std::optional<bool> expected = expected_pack(c.dtype, {c.d, c.dv}, c.hq, c.hkv, c.softcap, c.pack_gqa, true);
+  const flash3::Status st =
+      run_varlen(d, c, p, d.out.ptr, d.lse.as<float>(), checking_pack_decision(expected, c.describe()));
   ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
   FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
   FLASH3_CUDA_OK(cudaGetLastError());
-  std::vector<uint16_t> h_out(size_t(p.out_elems));
-  std::vector<uint32_t> h_lse(size_t(p.lse_elems));
-  FLASH3_CUDA_OK(cudaMemcpy(h_out.data(), d.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost));
-  FLASH3_CUDA_OK(cudaMemcpy(h_lse.data(), d.lse.ptr, h_lse.size() * 4, cudaMemcpyDeviceToHost));
+  Downloaded h;
+  ASSERT_TRUE(download(d, p, d.out.ptr, d.lse.as<float>(), &h));
 
   // Poison outside the used rows: rows beyond seqused, padding, the rows after
   // the tensor (out) and after each head's rows (lse), the guards.
   const int64_t tq = c.total_q();
-  std::vector<uint8_t> used_out(h_out.size(), 0), used_lse(h_lse.size(), 0);
+  std::vector<uint8_t> used_out(h.out.size(), 0), used_lse(h.lse.size(), 0);
   for (int s = 0; s < c.n(); ++s)
     for (int64_t i = 0; i < c.eff_q(s); ++i)
-      for (int h = 0; h < c.hq; ++h) {
-        std::memset(&used_out[size_t(p.o.at(0, p.cu_q[s] + i, h, 0))], 1, size_t(c.dv));
-        used_lse[size_t(h * p.lse_stride + p.cu_q[s] + i)] = 1;
+      for (int hh = 0; hh < c.hq; ++hh) {
+        std::memset(&used_out[size_t(p.o.at(0, p.cu_q[s] + i, hh, 0))], 1, size_t(c.dv));
+        used_lse[size_t(hh * p.lse_stride + p.cu_q[s] + i)] = 1;
       }
   int64_t stray_o = 0, stray_lse = 0, first_stray_row = -1;
-  for (size_t i = 0; i < h_out.size(); ++i)
-    if (!used_out[i] && h_out[i] != kPoison16) {
+  for (size_t i = 0; i < h.out.size(); ++i)
+    if (!used_out[i] && h.out[i] != kPoison16) {
       if (stray_o++ == 0 && int64_t(i) >= p.o.offset) first_stray_row = (int64_t(i) - p.o.offset) / p.o.sr;
     }
-  for (size_t i = 0; i < h_lse.size(); ++i) stray_lse += !used_lse[i] && h_lse[i] != kPoison32;
+  for (size_t i = 0; i < h.lse.size(); ++i) stray_lse += !used_lse[i] && h.lse[i] != kPoison32;
   EXPECT_EQ(stray_o, 0) << c.describe() << ": flash3 wrote " << stray_o
                         << " out elements outside the used rows (first in row " << first_stray_row << " of " << tq
                         << "; rows beyond seqused_q, padding or the rows after the tensor)";
@@ -823,36 +486,15 @@ void check_vcase(const VCase& c) {
   for (int s = 0; s < c.n(); ++s) {
     const int sq = c.eff_q(s), sk = c.eff_k(s);
     if (sq == 0) continue;
-    SeqRef ref;
+    RefOutputs ref;
     ASSERT_TRUE(sequence_reference(c, p, s, &ref)) << "sequence " << s;
-    std::vector<double> o(size_t(sq) * c.hq * c.dv), l(size_t(sq) * c.hq);
-    for (int i = 0; i < sq; ++i)
-      for (int h = 0; h < c.hq; ++h) {
-        const uint16_t* src = h_out.data() + p.o.at(0, p.cu_q[s] + i, h, 0);
-        double* dst = o.data() + (size_t(i) * c.hq + h) * c.dv;
-        for (int x = 0; x < c.dv; ++x) dst[x] = tu::half_bits_to_float(c.dtype, src[x]);
-        l[size_t(h) * sq + i] = tu::bits_f32(h_lse[size_t(h * p.lse_stride + p.cu_q[s] + i)]);
-      }
     std::ostringstream seq;
     seq << "sequence " << s << " (rows " << p.cu_q[s] << "+" << sq << ", keys " << p.cu_k[s] << "+" << sk << ")";
-    const Verdict vo = judge(
-        "O", o, ref.o, ref.low_o, kEpsO,
-        [&](size_t i) {
-          std::ostringstream os;
-          os << "(seq=" << s << ", row=" << int64_t(i) / (int64_t(c.dv) * c.hq) << ", h=" << (int64_t(i) / c.dv) % c.hq
-             << ", c=" << int64_t(i) % c.dv << ")";
-          return os.str();
-        },
-        tol_factor(c));
+    const Verdict vo = judge("O", ours_o(c, p, h, s), ref.o, ref.low_o, kEpsO,
+                             [&](size_t i) { return where_seq_o(c, s, i); }, tol_factor(c));
     EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vo.text;
-    const Verdict vl = judge(
-        "LSE", l, ref.lse, ref.low_lse, kEpsLse,
-        [&](size_t i) {
-          std::ostringstream os;
-          os << "(seq=" << s << ", h=" << int64_t(i) / sq << ", row=" << int64_t(i) % sq << ")";
-          return os.str();
-        },
-        tol_factor(c));
+    const Verdict vl = judge("LSE", ours_lse(c, p, h, s), ref.lse, ref.low_lse, kEpsLse,
+                             [&](size_t i) { return where_seq_lse(s, sq, i); }, tol_factor(c));
     EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vl.text;
   }
 }
@@ -860,12 +502,6 @@ void check_vcase(const VCase& c) {
 // ---------------------------------------------------------------------------
 // The varlen cases.
 // ---------------------------------------------------------------------------
-struct Rng {
-  uint64_t s;
-  uint64_t next() { return s = tu::splitmix64(s); }
-  int uniform(int lo, int hi) { return lo + int(next() % uint64_t(hi - lo + 1)); }  // [lo, hi]
-};
-
 constexpr int kVarlenMaxLen = 600;
 
 // Uniform in [0, 600], with 0 and 1 a tenth of the time each.
@@ -876,29 +512,7 @@ int draw_len(Rng& g) {
   return g.uniform(0, kVarlenMaxLen);
 }
 
-// seqused values: half, all, none, more than allocated (clamped to the
-// length), negative (clamped to 0), random.
-std::vector<int> draw_used(const std::vector<int>& len, int shift, uint64_t seed) {
-  Rng g{seed};
-  std::vector<int> u(len.size());
-  for (size_t b = 0; b < len.size(); ++b) {
-    switch ((b + size_t(shift)) % 6) {
-      case 0: u[b] = len[b] / 2; break;
-      case 1: u[b] = len[b]; break;
-      case 2: u[b] = 0; break;
-      case 3: u[b] = len[b] + 7; break;
-      case 4: u[b] = -3; break;
-      default: u[b] = g.uniform(0, std::max(len[b], 0)); break;
-    }
-  }
-  return u;
-}
-
 enum class VMask { kNone, kCausal, kLocal, kCausalLocal, kLeftOnly };
-
-struct LenPair {
-  int q, k;
-};
 
 struct VSpec {
   const char* tag;
@@ -935,20 +549,14 @@ std::vector<VCase> varlen_cases(DType dt, HeadDims h, bool full) {
     VCase c;
     c.dtype = dt, c.d = h.d, c.dv = h.dv, c.hq = sp.heads.hq, c.hkv = sp.heads.hkv;
     c.layout = sp.layout;
-    c.pack = 1;
+    c.pack_gqa = 1;
+    c.gap_rows = kGapRows;
     c.name = std::string("packgqa_varlen_") + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + sp.tag;
     c.seed = fnv1a(c.name);
-    Rng g{c.seed ^ 0x1e11};
-    std::vector<LenPair> lens(sp.forced.begin(), sp.forced.begin() + std::min<size_t>(sp.forced.size(), size_t(sp.n)));
-    while (int(lens.size()) < sp.n) {
-      const int q = draw_len(g), k = draw_len(g);
-      lens.push_back({q, k});
-    }
-    for (int b = sp.n - 1; b > 0; --b) std::swap(lens[size_t(b)], lens[g.next() % uint64_t(b + 1)]);
-    for (const LenPair& lp : lens) c.len_q.push_back(lp.q), c.len_k.push_back(lp.k);
+    Rng g = fill_lengths(&c, sp.n, sp.forced, draw_len);
     if (sp.seqused_q) c.used_q = draw_used(c.len_q, 0, c.seed ^ 0x05ed);
     if (sp.seqused_k) c.used_k = draw_used(c.len_k, 3, c.seed ^ 0x5eed);
-    const int max_k = VCase::longest(c.len_k);
+    const int max_k = c.max_k();
     switch (sp.mask) {
       case VMask::kNone: break;
       case VMask::kCausal: c.causal = true; break;
@@ -962,7 +570,7 @@ std::vector<VCase> varlen_cases(DType dt, HeadDims h, bool full) {
 }
 
 void check_packed_vcase(const VCase& c) {
-  ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack)) << c.describe();
+  ASSERT_TRUE(takes_packed_path(c.hq, c.hkv, c.softcap, c.pack_gqa)) << c.describe();
   check_vcase(c);
 }
 
@@ -971,13 +579,8 @@ class PackGqaVarlen : public ::testing::TestWithParam<HeadDims> {};
 TEST_P(PackGqaVarlen, MatchesReference) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   const HeadDims h = GetParam();
-  const int ran = run_per_dtype([&](DType dt) { return packgqa_built(dt, h); },
-                                [&](DType dt, bool full) { return varlen_cases(dt, h, full); },
-                                [](const VCase& c) { check_packed_vcase(c); });
-  RecordProperty("cases", std::to_string(ran));
-  if (ran == 0 && !HasFatalFailure())
-    GTEST_SKIP() << "not built: no forward packgqa unit " << head_dims_name(h)
-                 << " (FLASH3_FEATURES / FLASH3_HDIMS / FLASH3_DTYPES)";
+  run_packed_suite(h, [&](DType dt, bool full) { return varlen_cases(dt, h, full); },
+                   [](const VCase& c) { check_packed_vcase(c); });
 }
 
 INSTANTIATE_TEST_SUITE_P(PackGqa, PackGqaVarlen, ::testing::ValuesIn(kAllHeadDims), head_dims_param_name);
@@ -997,13 +600,13 @@ TEST_P(PackGqaFwdModes, MatchReference) {
   if (!pick_pack_dtype(h, true, &dt)) GTEST_SKIP() << "not built: no forward kernel " << head_dims_name(h);
   int ran = 0;
   for (int pack : {0, -1}) {
-    for (const Case& c : mode_cases(dt, h, pack)) {
+    for (const FwdCase& c : mode_cases(dt, h, pack)) {
       check_case(c);
       if (HasFatalFailure()) return;
       ++ran;
     }
     for (VCase c : varlen_cases(dt, h, false)) {
-      c.pack = pack;
+      c.pack_gqa = pack;
       c.name += pack_name(pack);
       check_vcase(c);
       if (HasFatalFailure()) return;
@@ -1025,32 +628,20 @@ INSTANTIATE_TEST_SUITE_P(PackGqa, PackGqaFwdModes, ::testing::ValuesIn(kAllHeadD
 // ===========================================================================
 TEST(PackGqaGpu, NoStoresOutsideTheProblem) {
   FLASH3_SKIP_WITHOUT_HOPPER();
-  struct S {
-    int b, sq, sk;
-    Heads heads;
-    int mask;  // index into kPackMasks
-  };
   // Packed rows: 15, 272 (17 x 16), 600, 32 and 1600 (200 x 8).
-  const S shapes[] = {{2, 3, 500, {10, 2}, 0},
-                      {3, 17, 128, {32, 2}, 1},
-                      {1, 100, 7, {12, 2}, 3},
-                      {2, 1, 2048, {32, 2}, 2},
-                      {1, 200, 1000, {8, 1}, 4}};
+  const PackShape shapes[] = {{2, 3, 500, {10, 2}, 0, Layout::kPadded},
+                              {3, 17, 128, {32, 2}, 1, Layout::kPadded},
+                              {1, 100, 7, {12, 2}, 3, Layout::kPadded},
+                              {2, 1, 2048, {32, 2}, 2, Layout::kPadded},
+                              {1, 200, 1000, {8, 1}, 4, Layout::kPadded}};
   int ran = 0;
   for (const HeadDims& h : kAllHeadDims) {
     DType dt;
     if (!pick_pack_dtype(h, false, &dt)) continue;
-    for (const S& s : shapes) {
-      const PackMask& m = kPackMasks[s.mask];
-      Case c;
-      c.dtype = dt, c.d = h.d, c.dv = h.dv;
-      c.batch = s.b, c.sq = s.sq, c.sk = s.sk, c.hq = s.heads.hq, c.hkv = s.heads.hkv;
-      c.causal = m.causal, c.wl = m.wl, c.wr = m.wr;
-      c.layout = Layout::kPadded;
+    for (const PackShape& s : shapes) {
+      FwdCase c = shape_case("packgqa_stores_", dt, h, s);
+      c.pack_gqa = 1;
       c.gap_rows = kGapRows;
-      c.name = std::string("packgqa_stores_") + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + m.name + "_sq" +
-               std::to_string(s.sq) + "_sk" + std::to_string(s.sk) + "_" + heads_name(s.heads);
-      c.seed = fnv1a(c.name);
       check_packed_case(c);
       if (HasFatalFailure()) return;
       ++ran;
@@ -1059,6 +650,8 @@ TEST(PackGqaGpu, NoStoresOutsideTheProblem) {
     // tensor mid-tile.
     VCase v;
     v.dtype = dt, v.d = h.d, v.dv = h.dv, v.hq = 16, v.hkv = 2;
+    v.pack_gqa = 1;
+    v.gap_rows = kGapRows;
     v.len_q = {17, 3, 100, 1, 41};
     v.len_k = {300, 64, 129, 7, 250};
     v.used_q = {10, 3, 51, 0, 33};

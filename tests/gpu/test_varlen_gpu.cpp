@@ -47,6 +47,7 @@
 #include "gpu_reference.cuh"
 #include "gpu_test_util.h"
 #include "reference/reference.h"
+#include "varlen_case.h"
 
 namespace flash3 {
 // Internal linkage: only for this file's parameter printing.
@@ -60,252 +61,32 @@ using flash3::TensorView;
 namespace tu = flash3::testutil;
 using namespace flash3::gputest;
 
-constexpr double kEpsO = 1e-5;
-constexpr double kEpsLse = 1e-5;
-constexpr uint32_t kPoison32 = 0xffffffffu;  // NaN in fp32
 // Sequences whose reference work (sq * sk * hq * (d + dv)) is at most this run on
 // the float64 CPU reference, the others on the fp32 GPU reference.
 constexpr double kCpuRefWork = 8e6;
 
 // ---------------------------------------------------------------------------
-// Case description.
+// Device state shared by all tests of the process (buffers only grow): the
+// varlen forward's (varlen_case.h) and more.
 // ---------------------------------------------------------------------------
-struct VCase {
-  DType dtype = DType::kBFloat16;
-  int d = 128, dv = 128;
-  int hq = 4, hkv = 4;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  float scale = flash3::gpuref::kDefaultScale;  // NaN: 1/sqrt(d)
-  float softcap = 0.f;                          // opts.softcap; 0: off
-  std::vector<int> len_q, len_k;    // rows of each sequence (cu_seqlens differences)
-  std::vector<int> used_q, used_k;  // seqused_q / seqused_k; empty: not passed
-  int max_pad = 0;                  // max_seqlen_* = longest sequence + max_pad (overstated when > 0)
-  Layout layout = Layout::kContiguous;  // kContiguous or kPadded (strided rows / heads, padded lse rows)
-  bool store_lse = true;
-  // Backward only: layout of dq / dk / dv (kContiguous or kPadded), a random
-  // dlse, opts.deterministic.
-  Layout grad_layout = Layout::kContiguous;
-  bool with_dlse = false;
-  bool deterministic = false;
-  uint64_t seed = 1;
-  std::string name;
-
-  int n() const { return int(len_q.size()); }
-  // Real lengths (seqused clamped to [0, len], as the API specifies).
-  int eff_q(int b) const { return used_q.empty() ? len_q[b] : std::clamp(used_q[b], 0, len_q[b]); }
-  int eff_k(int b) const { return used_k.empty() ? len_k[b] : std::clamp(used_k[b], 0, len_k[b]); }
-  int64_t total_q() const {
-    int64_t t = 0;
-    for (int x : len_q) t += x;
-    return t;
-  }
-  int64_t total_k() const {
-    int64_t t = 0;
-    for (int x : len_k) t += x;
-    return t;
-  }
-  int max_q() const {
-    int m = 0;
-    for (int x : len_q) m = std::max(m, x);
-    return std::max(m, 1) + max_pad;
-  }
-  int max_k() const {
-    int m = 0;
-    for (int x : len_k) m = std::max(m, x);
-    return std::max(m, 1) + max_pad;
-  }
-
-  std::string describe() const {
-    std::ostringstream os;
-    os << name << " [" << tu::short_dtype(dtype) << " d=" << d << " dv=" << dv << " hq=" << hq << " hkv=" << hkv
-       << " causal=" << causal << " window=(" << wl << "," << wr << ") scale=" << scale;
-    if (softcap > 0.f) os << " softcap=" << softcap;
-    os << " layout=" << layout_name(layout) << " lse=" << (store_lse ? "yes" : "no") << " grad_layout="
-       << layout_name(grad_layout) << " dlse=" << with_dlse << " deterministic=" << deterministic << " max_seqlen=("
-       << max_q() << "," << max_k() << ") seed=" << seed << "; (len_q[/used_q], len_k[/used_k]):";
-    for (int b = 0; b < n(); ++b) {
-      os << " (" << len_q[b];
-      if (!used_q.empty()) os << "/" << used_q[b];
-      os << "," << len_k[b];
-      if (!used_k.empty()) os << "/" << used_k[b];
-      os << ")";
-    }
-    os << "]";
-    return os.str();
-  }
-};
-
-// ---------------------------------------------------------------------------
-// Memory plan: q / k / v / out are (1, total, h, d) views of gpu_case.h (rows
-// strided like the fixed-length tests' layouts); lse is (hq, total_q) with row
-// stride lse_stride; cu_seqlens / seqused live in one int32 device buffer.
-// ---------------------------------------------------------------------------
-struct VPlan {
-  View q, k, v, o;
-  int64_t in_elems = 0;   // one allocation holds q, k and v
-  int64_t out_elems = 0;  // o, followed by kGuard poisoned elements
-  int64_t lse_stride = 0;
-  int64_t lse_elems = 0;  // hq * lse_stride + kGuard
-  std::vector<int> cu_q, cu_k;
-  // Offsets (in ints) of the arrays in the metadata buffer.
-  int64_t m_cu_q = 0, m_cu_k = 0, m_used_q = 0, m_used_k = 0, meta_ints = 0;
-  std::vector<int> meta;  // host copy of the metadata buffer
-};
-
-VPlan make_vplan(const VCase& c) {
-  VPlan p;
-  const int64_t tq = c.total_q(), tk = c.total_k();
-  const QKV in = make_qkv(c.layout, 1, tq, tk, c.hq, c.hkv, c.d, c.dv);
-  p.q = in.q, p.k = in.k, p.v = in.v;
-  p.in_elems = in.elems;
-  p.o = c.layout == Layout::kPadded ? padded_view(0, 1, tq, c.hq, c.dv) : dense_view(0, 1, tq, c.hq, c.dv);
-  p.out_elems = p.o.span() + kGuard;
-  p.lse_stride = std::max<int64_t>(tq, 1) + (c.layout == Layout::kPadded ? 16 : 0);
-  p.lse_elems = int64_t(c.hq) * p.lse_stride + kGuard;
-  p.cu_q.assign(size_t(c.n()) + 1, 0);
-  p.cu_k.assign(size_t(c.n()) + 1, 0);
-  for (int b = 0; b < c.n(); ++b) {
-    p.cu_q[b + 1] = p.cu_q[b] + c.len_q[b];
-    p.cu_k[b + 1] = p.cu_k[b] + c.len_k[b];
-  }
-  // Each array 16-byte aligned.
-  const int64_t n1 = round_up(c.n() + 1, 4), n0 = round_up(std::max(c.n(), 1), 4);
-  p.m_cu_q = 0;
-  p.m_cu_k = n1;
-  p.m_used_q = 2 * n1;
-  p.m_used_k = 2 * n1 + n0;
-  p.meta_ints = 2 * n1 + 2 * n0;
-  p.meta.assign(size_t(p.meta_ints), 0);
-  std::copy(p.cu_q.begin(), p.cu_q.end(), p.meta.begin() + p.m_cu_q);
-  std::copy(p.cu_k.begin(), p.cu_k.end(), p.meta.begin() + p.m_cu_k);
-  std::copy(c.used_q.begin(), c.used_q.end(), p.meta.begin() + p.m_used_q);
-  std::copy(c.used_k.begin(), c.used_k.end(), p.meta.begin() + p.m_used_k);
-  return p;
-}
-
-// ---------------------------------------------------------------------------
-// Device state shared by all tests of the process (buffers only grow).
-// ---------------------------------------------------------------------------
-struct DeviceState {
-  cudaStream_t stream = nullptr;
-  tu::DeviceBuffer in, out, lse, meta, out2, lse2;
-  tu::DeviceBuffer seq_in, ref_o, ref_lse, low_o, low_lse;  // per-sequence GPU reference
+struct DeviceState : VarlenDevice {
+  tu::DeviceBuffer out2, lse2;  // a second out / lse, like out / lse
+  tu::DeviceBuffer seq_in;      // per-sequence GPU reference: a dense copy of the sequence's inputs
   // Backward: dout, dlse, two gradient allocations (dq, dk, dv in each), and the
   // per-sequence GPU reference backward (inputs, fp32 / emulated dq, dk, dv, scratch).
   tu::DeviceBuffer dout, dlse, grad, grad2;
   tu::DeviceBuffer seq_bwd, seq_dlse, ref_g[3], low_g[3], scratch;
 };
 
-DeviceState& dev() {
-  static DeviceState* s = [] {
-    auto* st = new DeviceState;  // intentionally leaked: no CUDA calls during static destruction
-    if (cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking) != cudaSuccess) st->stream = nullptr;
-    return st;
-  }();
-  return *s;
-}
+DeviceState& dev() { return device_state<DeviceState>(); }
 
-struct VBuffers {
-  VPlan plan;
-  std::vector<uint16_t> host_in;  // what the device input buffer holds (the reference reads this)
-};
-
-::testing::AssertionResult reserve_all(const VPlan& p, size_t in_bytes) {
-  DeviceState& d = dev();
-  const size_t o_bytes = size_t(p.out_elems) * 2, l_bytes = size_t(p.lse_elems) * 4;
-  for (auto [buf, bytes] : {std::pair{&d.in, in_bytes}, std::pair{&d.out, o_bytes}, std::pair{&d.out2, o_bytes},
-                            std::pair{&d.lse, l_bytes}, std::pair{&d.lse2, l_bytes},
-                            std::pair{&d.meta, size_t(p.meta_ints) * 4}}) {
-    const cudaError_t e = buf->reserve(bytes);
-    if (e != cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// Copies b.host_in and the metadata to the device (synchronously).
-::testing::AssertionResult upload_host(const VBuffers& b) {
-  DeviceState& d = dev();
-  cudaError_t e = cudaMemcpyAsync(d.in.ptr, b.host_in.data(), b.host_in.size() * 2, cudaMemcpyHostToDevice, d.stream);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(d.meta.ptr, b.plan.meta.data(), b.plan.meta.size() * 4, cudaMemcpyHostToDevice, d.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << "upload: " << cudaGetErrorString(e);
-  return ::testing::AssertionSuccess();
-}
-
-// Plans, fills q/k/v with fresh random normals (seeded by the case), uploads.
+// Plans, reserves the buffers (out2 / lse2 like out / lse), fills q/k/v with
+// fresh random normals (seeded by the case), uploads.
 ::testing::AssertionResult upload_inputs(const VCase& c, VBuffers* b) {
-  b->plan = make_vplan(c);
-  b->host_in.assign(size_t(b->plan.in_elems), 0);
-  tu::fill_normal(b->host_in.data(), b->host_in.size(), c.dtype, c.seed);
-  const ::testing::AssertionResult r = reserve_all(b->plan, size_t(b->plan.in_elems) * 2);
-  if (!r) return r;
-  return upload_host(*b);
-}
-
-uint16_t* elem16(void* base, int64_t offset) { return static_cast<uint16_t*>(base) + offset; }
-
-TensorView view3(void* base, DType dt, const View& v) {
-  return TensorView::make3d(elem16(base, v.offset), dt, v.s, v.h, v.d, v.sr, v.sh, 1);
-}
-
-TensorView lse_view(float* lse, const VCase& c, const VPlan& p) {
-  TensorView t;
-  t.data = lse;
-  t.dtype = DType::kFloat32;
-  t.ndim = 2;
-  t.shape[0] = c.hq;
-  t.shape[1] = c.total_q();
-  t.stride[0] = p.lse_stride;
-  t.stride[1] = 1;
-  return t;
-}
-
-void set_varlen_opts(const VCase& c, const VPlan& p, void* meta, flash3::AttentionOptions* o) {
-  const int* m = static_cast<const int*>(meta);
-  o->causal = c.causal;
-  o->window_left = c.wl;
-  o->window_right = c.wr;
-  o->softmax_scale = c.scale;
-  o->softcap = c.softcap;
-  o->cu_seqlens_q = m + p.m_cu_q;
-  o->cu_seqlens_k = m + p.m_cu_k;
-  o->seqused_q = c.used_q.empty() ? nullptr : m + p.m_used_q;
-  o->seqused_k = c.used_k.empty() ? nullptr : m + p.m_used_k;
-  o->max_seqlen_q = c.max_q();
-  o->max_seqlen_k = c.max_k();
-  o->num_sequences = c.n();
-}
-
-flash3::ForwardArgs make_args(const VCase& c, const VPlan& p, void* in, void* out, float* lse, void* meta) {
-  flash3::ForwardArgs a;
-  a.q = view3(in, c.dtype, p.q);
-  a.k = view3(in, c.dtype, p.k);
-  a.v = view3(in, c.dtype, p.v);
-  a.out = view3(out, c.dtype, p.o);
-  if (c.store_lse) a.lse = lse_view(lse, c, p);
-  set_varlen_opts(c, p, meta, &a.opts);
-  return a;
-}
-
-// How a test calls flash3::forward on prepared arguments (empty: on the test stream).
-using ForwardCall = std::function<flash3::Status(const flash3::ForwardArgs&)>;
-
-void poison_outputs(const VPlan& p, void* out, float* lse, cudaStream_t s) {
-  cudaMemsetAsync(out, 0xff, size_t(p.out_elems) * 2, s);
-  cudaMemsetAsync(lse, 0xff, size_t(p.lse_elems) * 4, s);
-}
-
-// Poisons out / lse (+ guards), runs flash3::forward on them. Returns the status.
-flash3::Status run_varlen(const VCase& c, const VPlan& p, void* out, float* lse, const ForwardCall& call = {}) {
   DeviceState& d = dev();
-  poison_outputs(p, out, lse, d.stream);
-  const flash3::ForwardArgs args = make_args(c, p, d.in.ptr, out, lse, d.meta.ptr);
-  if (!call) return flash3::forward(args, d.stream);
-  cudaStreamSynchronize(d.stream);
-  return call(args);
+  const ::testing::AssertionResult r = upload_varlen_inputs(d, c, b);
+  if (!r) return r;
+  return reserve_all({{&d.out2, size_t(b->plan.out_elems) * 2}, {&d.lse2, size_t(b->plan.lse_elems) * 4}});
 }
 
 // ---------------------------------------------------------------------------
@@ -314,8 +95,8 @@ flash3::Status run_varlen(const VCase& c, const VPlan& p, void* out, float* lse,
 // ---------------------------------------------------------------------------
 enum class RefPath { kAuto, kCpu, kGpu };
 
-struct SeqRef {
-  std::vector<double> o, lse, low_o, low_lse;  // o: (sq, hq, dv); lse: (hq, sq)
+// o: (sq, hq, dv); lse: (hq, sq).
+struct SeqRef : RefOutputs {
   bool gpu = false;
 };
 
@@ -388,10 +169,6 @@ std::vector<double> to_double16(const std::vector<uint16_t>& x, DType dt) {
   const size_t nq = q16.size(), nk = k16.size(), nv = v16.size();
   const size_t k_off = round_up(int64_t(nq), 128), v_off = k_off + round_up(int64_t(nk), 128);
   cudaError_t e = d.seq_in.reserve((v_off + nv + 8) * 2);
-  for (tu::DeviceBuffer* buf : {&d.ref_o, &d.low_o})
-    if (e == cudaSuccess) e = buf->reserve(n_o * 4);
-  for (tu::DeviceBuffer* buf : {&d.ref_lse, &d.low_lse})
-    if (e == cudaSuccess) e = buf->reserve(n_lse * 4);
   if (e != cudaSuccess) return ::testing::AssertionFailure() << "reference buffers: " << cudaGetErrorString(e);
   uint16_t* base = d.seq_in.as<uint16_t>();
   e = cudaMemcpyAsync(base, q16.data(), nq * 2, cudaMemcpyHostToDevice, d.stream);
@@ -413,64 +190,13 @@ std::vector<double> to_double16(const std::vector<uint16_t>& x, DType dt) {
   ra.q = dense(base, sq, c.hq, c.d);
   ra.k = dense(base + k_off, sk, c.hkv, c.d);
   ra.v = dense(base + v_off, sk, c.hkv, c.dv);
-  ra.softmax_scale = c.scale;
-  ra.softcap = c.softcap;
-  ra.causal = c.causal, ra.window_left = c.wl, ra.window_right = c.wr;
-  flash3::gpuref::Args la = ra;
-  ra.out = d.ref_o.as<float>(), ra.lse = d.ref_lse.as<float>();
-  la.out = d.low_o.as<float>(), la.lse = d.low_lse.as<float>();
-  e = flash3::gpuref::forward(ra, flash3::gpuref::Mode::kFloat32, d.stream);
-  if (e == cudaSuccess) e = flash3::gpuref::forward(la, flash3::gpuref::Mode::kLowPrecision, d.stream);
-  std::vector<float> fo(n_o), fl(n_lse), lo(n_o), ll(n_lse);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(fo.data(), d.ref_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(lo.data(), d.low_o.ptr, n_o * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(fl.data(), d.ref_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(ll.data(), d.low_lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost, d.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(d.stream);
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << "GPU reference: " << cudaGetErrorString(e);
-  r->o = to_double(fo), r->low_o = to_double(lo), r->lse = to_double(fl), r->low_lse = to_double(ll);
-  return ::testing::AssertionSuccess();
+  set_mask_and_scale(c, &ra);
+  return run_gpu_reference(ra, d, r);
 }
 
 // ---------------------------------------------------------------------------
 // Checking flash3's out / lse.
 // ---------------------------------------------------------------------------
-struct Downloaded {
-  std::vector<uint16_t> out;
-  std::vector<uint32_t> lse;  // bits
-};
-
-::testing::AssertionResult download(const VPlan& p, const void* out, const float* lse, Downloaded* h) {
-  DeviceState& d = dev();
-  h->out.assign(size_t(p.out_elems), 0);
-  h->lse.assign(size_t(p.lse_elems), 0);
-  cudaError_t e = cudaStreamSynchronize(d.stream);
-  if (e == cudaSuccess) e = cudaMemcpy(h->out.data(), out, h->out.size() * 2, cudaMemcpyDeviceToHost);
-  if (e == cudaSuccess) e = cudaMemcpy(h->lse.data(), lse, h->lse.size() * 4, cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << "download: " << cudaGetErrorString(e);
-  return ::testing::AssertionSuccess();
-}
-
-// Sequence s's used rows of flash3's result, dense: o (sq, hq, dv), lse (hq, sq).
-std::vector<double> ours_o(const VCase& c, const VPlan& p, const Downloaded& h, int s) {
-  const int sq = c.eff_q(s);
-  std::vector<double> o(size_t(sq) * c.hq * c.dv);
-  for (int i = 0; i < sq; ++i)
-    for (int hh = 0; hh < c.hq; ++hh) {
-      const uint16_t* src = h.out.data() + p.o.at(0, p.cu_q[s] + i, hh, 0);
-      double* dst = o.data() + (size_t(i) * c.hq + hh) * c.dv;
-      for (int x = 0; x < c.dv; ++x) dst[x] = tu::half_bits_to_float(c.dtype, src[x]);
-    }
-  return o;
-}
-std::vector<double> ours_lse(const VCase& c, const VPlan& p, const Downloaded& h, int s) {
-  const int sq = c.eff_q(s);
-  std::vector<double> l(size_t(sq) * c.hq);
-  for (int hh = 0; hh < c.hq; ++hh)
-    for (int i = 0; i < sq; ++i) l[size_t(hh) * sq + i] = tu::bits_f32(h.lse[size_t(hh * p.lse_stride + p.cu_q[s] + i)]);
-  return l;
-}
-
 // Per case: the largest tolerance baselines over its sequences (for comparisons
 // between two flash3 results of the same problem).
 struct CheckSummary {
@@ -539,23 +265,14 @@ void check_result(const VCase& c, const VBuffers& b, const Downloaded& h, CheckS
     seq << "sequence " << s << " (rows " << p.cu_q[s] << "+" << sq << ", keys " << p.cu_k[s] << "+" << sk << ", "
         << (ref.gpu ? "fp32 GPU" : "float64 CPU") << " reference)";
     const std::vector<double> o = ours_o(c, p, h, s);
-    const auto where_o = [&](size_t i) {
-      std::ostringstream os;
-      os << "(seq=" << s << ", row=" << int64_t(i) / (int64_t(c.dv) * c.hq) << ", h=" << (int64_t(i) / c.dv) % c.hq
-         << ", c=" << int64_t(i) % c.dv << ")";
-      return os.str();
-    };
-    const Verdict vo = judge("O", o, ref.o, ref.low_o, kEpsO, where_o, tol_factor(c));
+    const Verdict vo =
+        judge("O", o, ref.o, ref.low_o, kEpsO, [&](size_t i) { return where_seq_o(c, s, i); }, tol_factor(c));
     EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vo.text;
     std::vector<double> l;
     if (c.store_lse) {
       l = ours_lse(c, p, h, s);
-      const auto where_l = [&](size_t i) {
-        std::ostringstream os;
-        os << "(seq=" << s << ", h=" << int64_t(i) / sq << ", row=" << int64_t(i) % sq << ")";
-        return os.str();
-      };
-      const Verdict vl = judge("LSE", l, ref.lse, ref.low_lse, kEpsLse, where_l, tol_factor(c));
+      const Verdict vl = judge(
+          "LSE", l, ref.lse, ref.low_lse, kEpsLse, [&](size_t i) { return where_seq_lse(s, sq, i); }, tol_factor(c));
       EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vl.text;
       if (sum) sum->lse_base = std::max(sum->lse_base, vl.r.base_err);
     }
@@ -578,12 +295,12 @@ void check_vcase(const VCase& c, const ForwardCall& call = {}, CheckSummary* sum
   VBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& d = dev();
-  const flash3::Status st = run_varlen(c, b.plan, d.out.ptr, d.lse.as<float>(), call);
+  const flash3::Status st = run_varlen(d, c, b.plan, d.out.ptr, d.lse.as<float>(), call);
   ASSERT_TRUE(st.ok()) << c.describe() << ": flash3::forward failed: " << st.message;
   FLASH3_CUDA_OK(cudaStreamSynchronize(d.stream));
   FLASH3_CUDA_OK(cudaGetLastError());
   Downloaded h;
-  ASSERT_TRUE(download(b.plan, d.out.ptr, d.lse.as<float>(), &h));
+  ASSERT_TRUE(download(d, b.plan, d.out.ptr, d.lse.as<float>(), &h));
   check_result(c, b, h, sum);
 }
 
@@ -618,14 +335,8 @@ bool pick_dtype(HeadDims h, DType prefer, DType* dt) {
 }
 
 // ---------------------------------------------------------------------------
-// Random lengths.
+// Random lengths (fill_lengths, draw_used: varlen_case.h).
 // ---------------------------------------------------------------------------
-struct Rng {
-  uint64_t s;
-  uint64_t next() { return s = tu::splitmix64(s); }
-  int uniform(int lo, int hi) { return lo + int(next() % uint64_t(hi - lo + 1)); }  // [lo, hi]
-};
-
 // Tile boundaries of the kernels' blocks (64 / 128 / 176 / 192 rows or keys) and the smallest lengths.
 constexpr int kSpecialLens[] = {0, 1, 63, 64, 65, 127, 128, 129, 176, 192};
 constexpr int kMaxLen = 4224;
@@ -636,41 +347,6 @@ int draw_len(Rng& g) {
   if (r < 75) return g.uniform(0, 300);
   if (r < 95) return g.uniform(300, 1200);
   return g.uniform(1200, kMaxLen);
-}
-
-struct LenPair {
-  int q, k;
-};
-
-// n sequences: the forced (q, k) pairs and random ones, in a random order.
-void fill_lengths(VCase* c, int n, const std::vector<LenPair>& forced) {
-  Rng g{c->seed ^ 0x1e11};
-  std::vector<LenPair> all(forced.begin(), forced.begin() + std::min<size_t>(forced.size(), size_t(n)));
-  while (int(all.size()) < n) {
-    const int q = draw_len(g), k = draw_len(g);
-    all.push_back({q, k});
-  }
-  for (int i = n - 1; i > 0; --i) std::swap(all[size_t(i)], all[g.next() % uint64_t(i + 1)]);
-  c->len_q.clear(), c->len_k.clear();
-  for (const LenPair& p : all) c->len_q.push_back(p.q), c->len_k.push_back(p.k);
-}
-
-// seqused values exercising every clamp: half, all, none, more than allocated
-// (clamped to the length), negative (clamped to 0), random.
-std::vector<int> draw_used(const std::vector<int>& len, int shift, uint64_t seed) {
-  Rng g{seed};
-  std::vector<int> u(len.size());
-  for (size_t b = 0; b < len.size(); ++b) {
-    switch ((b + size_t(shift)) % 6) {
-      case 0: u[b] = len[b] / 2; break;
-      case 1: u[b] = len[b]; break;
-      case 2: u[b] = 0; break;
-      case 3: u[b] = len[b] + 7; break;
-      case 4: u[b] = -3; break;
-      default: u[b] = g.uniform(0, std::max(len[b], 0)); break;
-    }
-  }
-  return u;
 }
 
 int uniform_below(uint64_t seed, uint64_t salt, int n) { return int(tu::splitmix64(seed ^ salt) % uint64_t(std::max(n, 1))); }
@@ -691,26 +367,26 @@ std::vector<VCase> matrix_cases(HeadDims h, DType t) {
   };
   {  // No mask, MHA, 9 sequences; empty q, empty k, 1x1, tile edges; max_seqlen overstated.
     VCase c = base("nomask_mha4_b9", 4, 4, Layout::kContiguous);
-    fill_lengths(&c, 9, {{0, 5}, {1, 1}, {63, 64}, {64, 63}, {65, 200}, {3, 0}});
+    fill_lengths(&c, 9, {{0, 5}, {1, 1}, {63, 64}, {64, 63}, {65, 200}, {3, 0}}, draw_len);
     c.max_pad = 37;
     out.push_back(c);
   }
   {  // Causal, GQA 8:2, strided; q longer than k (fully masked rows) and the reverse.
     VCase c = base("causal_gqa8x2_b7", 8, 2, Layout::kPadded);
-    fill_lengths(&c, 7, {{127, 128}, {128, 127}, {129, 129}, {176, 1}, {1, 176}, {2000, 700}});
+    fill_lengths(&c, 7, {{127, 128}, {128, 127}, {129, 129}, {176, 1}, {1, 176}, {2000, 700}}, draw_len);
     c.causal = true;
     out.push_back(c);
   }
   {  // Local window (both sides random in [0, max_seqlen_k)), MQA, one long sequence.
     VCase c = base("local_mqa4x1_b5", 4, 1, Layout::kContiguous);
-    fill_lengths(&c, 5, {{192, 192}, {0, 0}, {kMaxLen, 3000}});
+    fill_lengths(&c, 5, {{192, 192}, {0, 0}, {kMaxLen, 3000}}, draw_len);
     c.wl = uniform_below(c.seed, 0x1ef7, c.max_k());
     c.wr = uniform_below(c.seed, 0x7197, c.max_k());
     out.push_back(c);
   }
   {  // Causal + local (window_right drawn too: causal ignores it), seqused_q and seqused_k with every clamp.
     VCase c = base("causal_local_seqused_gqa6x2_b6", 6, 2, Layout::kPadded);
-    fill_lengths(&c, 6, {{64, 64}, {129, 65}, {1000, 1000}, {300, 257}});
+    fill_lengths(&c, 6, {{64, 64}, {129, 65}, {1000, 1000}, {300, 257}}, draw_len);
     c.causal = true;
     c.wl = uniform_below(c.seed, 0x1ef7, c.max_k());
     c.wr = uniform_below(c.seed, 0x7197, c.max_k());
@@ -720,7 +396,7 @@ std::vector<VCase> matrix_cases(HeadDims h, DType t) {
   }
   {  // One side unbounded, the other random; decode-like and prefill-like extremes.
     VCase c = base("one_sided_mha2_b3", 2, 2, Layout::kContiguous);
-    fill_lengths(&c, 3, {{1, kMaxLen}, {kMaxLen, 1}, {176, 192}});
+    fill_lengths(&c, 3, {{1, kMaxLen}, {kMaxLen, 1}, {176, 192}}, draw_len);
     const int side = uniform_below(c.seed, 0x7197, c.max_k());
     if (c.seed & 1) c.wl = -1, c.wr = side;
     else c.wl = side, c.wr = -1;
@@ -728,7 +404,7 @@ std::vector<VCase> matrix_cases(HeadDims h, DType t) {
   }
   {  // A window at / beyond max_seqlen (cuts nothing: unbounded), seqused_k only.
     VCase c = base("window_beyond_max_gqa8x2_b4", 8, 2, Layout::kContiguous);
-    fill_lengths(&c, 4, {{65, 129}, {500, 300}});
+    fill_lengths(&c, 4, {{65, 129}, {500, 300}}, draw_len);
     switch (c.seed % 3) {
       case 0: c.wl = c.max_k() + 1 + uniform_below(c.seed, 1, 1000), c.wr = kIntMax; break;
       case 1: c.wl = kIntMax, c.wr = c.max_q() + uniform_below(c.seed, 2, 1000); break;
@@ -892,16 +568,17 @@ TEST(VarlenGpu, DegenerateBatches) {
   VBuffers b;
   ASSERT_TRUE(upload_inputs(c, &b));
   DeviceState& ds = dev();
-  const flash3::Status st = run_varlen(c, b.plan, ds.out.ptr, ds.lse.as<float>(), [&](const flash3::ForwardArgs& a0) {
-    flash3::ForwardArgs a = a0;
-    a.opts.num_sequences = 0;
-    return flash3::forward(a, ds.stream);
-  });
+  const flash3::Status st =
+      run_varlen(ds, c, b.plan, ds.out.ptr, ds.lse.as<float>(), [&](const flash3::ForwardArgs& a0) {
+        flash3::ForwardArgs a = a0;
+        a.opts.num_sequences = 0;
+        return flash3::forward(a, ds.stream);
+      });
   EXPECT_TRUE(st.ok()) << "num_sequences = 0: " << st.message;
   FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
   FLASH3_CUDA_OK(cudaGetLastError());
   Downloaded h;
-  ASSERT_TRUE(download(b.plan, ds.out.ptr, ds.lse.as<float>(), &h));
+  ASSERT_TRUE(download(ds, b.plan, ds.out.ptr, ds.lse.as<float>(), &h));
   int64_t written = 0;
   for (uint16_t x : h.out) written += x != kPoison16;
   for (uint32_t x : h.lse) written += x != kPoison32;
@@ -973,12 +650,12 @@ TEST_P(VarlenIsolation, NeighboursDoNotLeak) {
           b.host_in = original;
           for (size_t i = 0; i < b.host_in.size(); ++i)
             if (!mine[i]) b.host_in[i] = f == 0 ? 0 : (f == 1 ? uint16_t(huge | ((i & 1) << 15)) : kPoison16);
-          ASSERT_TRUE(upload_host(b));
-          const flash3::Status st = run_varlen(c, p, ds.out.ptr, ds.lse.as<float>());
+          ASSERT_TRUE(upload_varlen_host(ds, b));
+          const flash3::Status st = run_varlen(ds, c, p, ds.out.ptr, ds.lse.as<float>());
           ASSERT_TRUE(st.ok()) << st.message;
           FLASH3_CUDA_OK(cudaStreamSynchronize(ds.stream));
           Downloaded h;
-          ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), &h));
+          ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), &h));
           std::vector<uint16_t> o;
           std::vector<uint32_t> l;
           for (int i = 0; i < sq; ++i)
@@ -1047,10 +724,10 @@ TEST(VarlenGpu, EqualLengthsMatchFixedLength) {
       ASSERT_TRUE(upload_inputs(c, &b));
       DeviceState& ds = dev();
       const VPlan& p = b.plan;
-      const flash3::Status st = run_varlen(c, p, ds.out.ptr, ds.lse.as<float>());
+      const flash3::Status st = run_varlen(ds, c, p, ds.out.ptr, ds.lse.as<float>());
       ASSERT_TRUE(st.ok()) << st.message;
       Downloaded hv;
-      ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), &hv));
+      ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), &hv));
       CheckSummary sum;
       check_result(c, b, hv, &sum);
       if (HasFatalFailure()) return;
@@ -1071,7 +748,7 @@ TEST(VarlenGpu, EqualLengthsMatchFixedLength) {
       const flash3::Status sf = flash3::forward(a, ds.stream);
       ASSERT_TRUE(sf.ok()) << "fixed-length forward: " << sf.message;
       Downloaded hf;
-      ASSERT_TRUE(download(p, ds.out2.ptr, ds.lse2.as<float>(), &hf));
+      ASSERT_TRUE(download(ds, p, ds.out2.ptr, ds.lse2.as<float>(), &hf));
       double err_o = 0, err_l = 0;
       int64_t diff_o = 0, diff_l = 0;
       for (int s = 0; s < n; ++s)
@@ -1150,7 +827,7 @@ TEST(VarlenGpu, CudaGraphCaptureAndReplay) {
   EXPECT_GT(nodes, 0u) << "the captured graph is empty";
   {  // Capturing ran nothing.
     Downloaded h;
-    ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), &h));
+    ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), &h));
     int64_t written = 0;
     for (uint16_t x : h.out) written += x != kPoison16;
     EXPECT_EQ(written, 0) << "capturing the forward wrote " << written << " out elements";
@@ -1160,7 +837,7 @@ TEST(VarlenGpu, CudaGraphCaptureAndReplay) {
     FLASH3_CUDA_OK(cudaGraphLaunch(exec, s));
     FLASH3_CUDA_OK(cudaStreamSynchronize(s));
     FLASH3_CUDA_OK(cudaGetLastError());
-    ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), h));
+    ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), h));
   };
   Downloaded h1, h2;
   replay(&h1);
@@ -1255,7 +932,7 @@ TEST(VarlenGpu, HostOrMisalignedSeqlensAreRejected) {
     EXPECT_EQ(cudaStreamSynchronize(ds.stream), cudaSuccess) << bad.what;
     EXPECT_EQ(cudaGetLastError(), cudaSuccess) << bad.what;
     Downloaded h;
-    ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), &h));
+    ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), &h));
     int64_t written = 0;
     for (uint16_t x : h.out) written += x != kPoison16;
     EXPECT_EQ(written, 0) << bad.what << ": a rejected call wrote " << written << " out elements";
@@ -1344,9 +1021,9 @@ struct BBuffers {
 
 // Copies what b's host vectors hold to the device (synchronously).
 ::testing::AssertionResult upload_bwd_host(const BBuffers& b) {
-  const ::testing::AssertionResult r = upload_host(b.fwd);
-  if (!r) return r;
   DeviceState& d = dev();
+  const ::testing::AssertionResult r = upload_varlen_host(d, b.fwd);
+  if (!r) return r;
   cudaError_t e = cudaMemcpyAsync(d.dout.ptr, b.host_dout.data(), b.host_dout.size() * 2, cudaMemcpyHostToDevice, d.stream);
   if (e == cudaSuccess && !b.host_dlse.empty())
     e = cudaMemcpyAsync(d.dlse.ptr, b.host_dlse.data(), b.host_dlse.size() * 4, cudaMemcpyHostToDevice, d.stream);
@@ -1360,9 +1037,8 @@ struct BBuffers {
 ::testing::AssertionResult upload_bwd_inputs(const VCase& c, BBuffers* b) {
   if (!c.store_lse) return ::testing::AssertionFailure() << "a backward case needs lse (store_lse)";
   if (c.grad_layout == Layout::kPackedQKV) return ::testing::AssertionFailure() << "no packed varlen gradients";
-  b->fwd.plan = make_vplan(c);
-  b->fwd.host_in.assign(size_t(b->fwd.plan.in_elems), 0);
-  tu::fill_normal(b->fwd.host_in.data(), b->fwd.host_in.size(), c.dtype, c.seed);
+  const ::testing::AssertionResult fwd = upload_inputs(c, &b->fwd);  // the plan, q / k / v, the forward's buffers
+  if (!fwd) return fwd;
   b->plan = make_bplan(c);
   const BPlan& bp = b->plan;
   b->host_dout.assign(size_t(bp.dout_elems), 0);
@@ -1376,30 +1052,13 @@ struct BBuffers {
       for (int64_t r = 0; r < c.total_q(); ++r)
         b->host_dlse[size_t(h * bp.dlse_stride + r)] = tu::bf16_to_float(tmp[size_t(h * bp.dlse_stride + r)]);
   }
-  ::testing::AssertionResult r = reserve_all(b->fwd.plan, size_t(b->fwd.plan.in_elems) * 2);
-  if (!r) return r;
   DeviceState& d = dev();
   const size_t g_bytes = size_t(bp.grad_elems) * 2;
-  for (auto [buf, bytes] : {std::pair{&d.dout, size_t(bp.dout_elems) * 2},
-                            std::pair{&d.dlse, size_t(std::max<int64_t>(bp.dlse_elems, 1)) * 4},
-                            std::pair{&d.grad, g_bytes}, std::pair{&d.grad2, g_bytes}}) {
-    const cudaError_t e = buf->reserve(bytes);
-    if (e != cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMalloc(" << bytes << " bytes): " << cudaGetErrorString(e);
-  }
+  const ::testing::AssertionResult r =
+      reserve_all({{&d.dout, size_t(bp.dout_elems) * 2}, {&d.dlse, size_t(std::max<int64_t>(bp.dlse_elems, 1)) * 4},
+                   {&d.grad, g_bytes}, {&d.grad2, g_bytes}});
+  if (!r) return r;
   return upload_bwd_host(*b);
-}
-
-TensorView dlse_view(const VCase& c, const BPlan& bp) {
-  TensorView t;
-  t.data = dev().dlse.ptr;
-  t.dtype = DType::kFloat32;
-  t.ndim = 2;
-  t.shape[0] = c.hq;
-  t.shape[1] = c.total_q();
-  t.stride[0] = bp.dlse_stride;
-  t.stride[1] = 1;
-  return t;
 }
 
 // Varlen backward arguments on the shared device buffers: out / lse from
@@ -1414,8 +1073,8 @@ flash3::BackwardArgs make_bwd_args(const VCase& c, const BBuffers& b, void* grad
   a.v = view3(d.in.ptr, c.dtype, p.v);
   a.out = view3(d.out.ptr, c.dtype, p.o);
   a.dout = view3(d.dout.ptr, c.dtype, bp.dout);
-  a.lse = lse_view(d.lse.as<float>(), c, p);
-  if (c.with_dlse) a.dlse = dlse_view(c, bp);
+  a.lse = lse_view(d.lse.as<float>(), c, p.lse_stride);
+  if (c.with_dlse) a.dlse = lse_view(d.dlse.as<float>(), c, bp.dlse_stride);
   a.dq = view3(grad, c.dtype, bp.grad.q);
   a.dk = view3(grad, c.dtype, bp.grad.k);
   a.dv = view3(grad, c.dtype, bp.grad.v);
@@ -1430,7 +1089,7 @@ using BackwardCall = std::function<flash3::Status(const flash3::BackwardArgs&)>;
 // out / lse for the backward: poisoned, then flash3::forward.
 flash3::Status run_bwd_forward(const VCase& c, const BBuffers& b) {
   DeviceState& d = dev();
-  return run_varlen(c, b.fwd.plan, d.out.ptr, d.lse.as<float>());
+  return run_varlen(d, c, b.fwd.plan, d.out.ptr, d.lse.as<float>());
 }
 
 // Poisons the gradient allocation `grad`, runs flash3::backward into it.
@@ -1872,7 +1531,7 @@ TEST_P(VarlenBwdIsolation, NeighboursDoNotLeak) {
     const flash3::Status fs = run_bwd_forward(c, b);
     ASSERT_TRUE(fs.ok()) << fs.message;
     Downloaded fwd;
-    ASSERT_TRUE(download(p, ds.out.ptr, ds.lse.as<float>(), &fwd));
+    ASSERT_TRUE(download(ds, p, ds.out.ptr, ds.lse.as<float>(), &fwd));
     const std::vector<uint16_t> in0 = b.fwd.host_in, dout0 = b.host_dout;
     const std::vector<float> dlse0 = b.host_dlse;
     for (int s = 0; s < c.n(); ++s) {

@@ -2,6 +2,7 @@
 // kernel iterates (src/common/block_info.h), and the tile-size table.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 
 #include <random>
@@ -25,21 +26,28 @@ bool visible(const MaskSpec& m, int i, int j) {
   return true;
 }
 
-// Checks every invariant the kernel relies on for one m_block.
-void check_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
-  const NBlockRange r = flash3::fwd_n_block_range(m, m_block, tile_m, tile_n);
-  SCOPED_TRACE(testing::Message() << "sq=" << m.seqlen_q << " sk=" << m.seqlen_k << " wl=" << m.window_left
-                                  << " wr=" << m.window_right << " m_block=" << m_block << " tile " << tile_m
-                                  << "x" << tile_n << " -> [" << r.n_min << "," << r.n_max << ") right>="
-                                  << r.n_min_right_masked << " left<" << r.n_max_left_masked);
+// One tile's check, for SCOPED_TRACE.
+std::string tile_trace(const MaskSpec& m, const NBlockRange& r, int m_block, int tile_m, int tile_n, int g) {
+  return (testing::Message() << "g=" << g << " sq=" << m.seqlen_q << " sk=" << m.seqlen_k << " wl=" << m.window_left
+                             << " wr=" << m.window_right << " m_block=" << m_block << " tile " << tile_m << "x"
+                             << tile_n << " -> [" << r.n_min << "," << r.n_max << ") right>=" << r.n_min_right_masked
+                             << " left<" << r.n_max_left_masked)
+      .GetString();
+}
+
+// Checks, by brute force over the tile's real rows, the invariants the kernel
+// relies on for the KV block range r of one m_block. Row p of the tiled
+// problem is query row p / g: g = 1 unpacked; under PackGQA the tiles hold
+// g * seqlen_q packed rows, packed row p being query row p / g of head p % g.
+void check_blocks(const MaskSpec& m, const NBlockRange& r, int m_block, int tile_m, int tile_n, int g) {
   const int num_n = (m.seqlen_k + tile_n - 1) / tile_n;
   ASSERT_GE(r.n_min, 0);
   ASSERT_LE(r.n_max, num_n);
   for (int n = 0; n < num_n; ++n) {
     bool any_visible = false, all_visible = true;
-    for (int i = m_block * tile_m; i < std::min((m_block + 1) * tile_m, m.seqlen_q); ++i) {
+    for (int p = m_block * tile_m; p < std::min((m_block + 1) * tile_m, m.seqlen_q * g); ++p) {
       for (int j = n * tile_n; j < (n + 1) * tile_n; ++j) {
-        const bool v = visible(m, i, j);
+        const bool v = visible(m, p / g, j);
         any_visible |= v;
         all_visible &= v;
       }
@@ -52,6 +60,13 @@ void check_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
     const bool unmasked = in_range && n != r.n_max - 1 && n < r.n_min_right_masked && n >= r.n_max_left_masked;
     if (unmasked) EXPECT_TRUE(all_visible) << "block " << n << " runs unmasked but has masked pairs";
   }
+}
+
+// Checks every invariant the kernel relies on for one m_block.
+void check_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n) {
+  const NBlockRange r = flash3::fwd_n_block_range(m, m_block, tile_m, tile_n);
+  SCOPED_TRACE(tile_trace(m, r, m_block, tile_m, tile_n, 1));
+  check_blocks(m, r, m_block, tile_m, tile_n, 1);
   EXPECT_LE(r.n_min_right_masked, std::max(r.n_max, r.n_min));
   EXPECT_GE(r.n_min_right_masked, r.n_min);
 }
@@ -119,34 +134,9 @@ TEST(BlockRange, FloorAndCeilDivOnNegatives) {
   EXPECT_EQ(flash3::ceil_div_int(129, 128), 2);
 }
 
-// PackGQA: packed row p of a tile is query row p / g (of head p % g). The range
-// of fwd_n_block_range_packed must hold every visible pair of the tile's real
-// packed rows, and the blocks it runs unmasked must be fully visible to all of
-// them (the same invariants as check_tile, by brute force over packed rows).
-void check_packed_tile(const MaskSpec& m, int m_block, int tile_m, int tile_n, int g) {
-  const NBlockRange r = flash3::fwd_n_block_range_packed(m, m_block, tile_m, tile_n, g);
-  SCOPED_TRACE(testing::Message() << "packed g=" << g << " sq=" << m.seqlen_q << " sk=" << m.seqlen_k
-                                  << " wl=" << m.window_left << " wr=" << m.window_right << " m_block=" << m_block
-                                  << " -> [" << r.n_min << "," << r.n_max << ")");
-  const int num_n = (m.seqlen_k + tile_n - 1) / tile_n;
-  ASSERT_GE(r.n_min, 0);
-  ASSERT_LE(r.n_max, num_n);
-  for (int n = 0; n < num_n; ++n) {
-    bool any_visible = false, all_visible = true;
-    for (int p = m_block * tile_m; p < std::min((m_block + 1) * tile_m, m.seqlen_q * g); ++p) {
-      for (int j = n * tile_n; j < (n + 1) * tile_n; ++j) {
-        const bool v = visible(m, p / g, j);
-        any_visible |= v;
-        all_visible &= v;
-      }
-    }
-    const bool in_range = !r.empty() && n >= r.n_min && n < r.n_max;
-    if (any_visible) EXPECT_TRUE(in_range) << "block " << n << " has visible pairs but is skipped";
-    const bool unmasked = in_range && n != r.n_max - 1 && n < r.n_min_right_masked && n >= r.n_max_left_masked;
-    if (unmasked) EXPECT_TRUE(all_visible) << "block " << n << " runs unmasked but has masked pairs";
-  }
-}
-
+// PackGQA: the range of fwd_n_block_range_packed must hold every visible pair
+// of the tile's real packed rows, and the blocks it runs unmasked must be fully
+// visible to all of them (check_blocks with the packed rows' query rows).
 TEST(BlockRange, PackedRowsCoverTheirQueryRows) {
   std::mt19937 rng(7);
   const int windows[][2] = {{-1, -1}, {-1, 0}, {128, 0}, {37, 5}, {0, 0}, {300, -1}};
@@ -159,7 +149,11 @@ TEST(BlockRange, PackedRowsCoverTheirQueryRows) {
       m.window_right = w[1];
       const int g = 2 + rng() % 15;  // 2..16, powers of two or not
       const int num_m = (m.seqlen_q * g + 127) / 128;
-      for (int mb = 0; mb < num_m; ++mb) check_packed_tile(m, mb, 128, 128, g);
+      for (int mb = 0; mb < num_m; ++mb) {
+        const NBlockRange r = flash3::fwd_n_block_range_packed(m, mb, 128, 128, g);
+        SCOPED_TRACE(tile_trace(m, r, mb, 128, 128, g));
+        check_blocks(m, r, mb, 128, 128, g);
+      }
     }
   }
   // g = 1 is the unpacked range.
