@@ -135,6 +135,14 @@ struct ForwardArgs {
   TensorView lse;   // (b, hq, sq) fp32, written; optional: a default TensorView{} (no data,
                     // ndim 0) means not stored; a view with a shape but no data is an error
   AttentionOptions opts;
+  // Scratch memory, 256-byte aligned; query its size with
+  // forward_workspace_size() (it depends on the shapes and options only, and is
+  // 0 for most fixed-length calls; varlen calls need their per-sequence maps).
+  // If null, flash3 allocates what it needs (stream-ordered) and frees it
+  // itself. The kernels write it, so it must not be in use by other work on
+  // other streams during the call.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct BackwardArgs {
@@ -167,6 +175,9 @@ Status validate_backward(const BackwardArgs& args);
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 Status backward(const BackwardArgs& args, cudaStream_t stream);
 size_t backward_workspace_size(const BackwardArgs& args);
+// Bytes of ForwardArgs::workspace the call needs (0: none, or shapes that
+// validation would reject).
+size_t forward_workspace_size(const ForwardArgs& args);
 
 // Which (dtype, head_dim, head_dim_v) forward/backward kernels this build contains.
 bool forward_is_built(DType dtype, int head_dim, int head_dim_v);

@@ -62,10 +62,27 @@ typedef struct {
 flash3_options flash3_default_options(void);
 
 /* lse may be NULL (not stored). opts may be NULL (defaults). stream is a
- * cudaStream_t of the current device (NULL: legacy default stream). */
+ * cudaStream_t of the current device (NULL: legacy default stream). Scratch,
+ * where the call needs any, is allocated internally (stream-ordered), as
+ * flash3_forward_with_workspace with workspace NULL. */
 flash3_status flash3_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                              const flash3_tensor* out, const flash3_tensor* lse,
                              const flash3_options* opts, void* stream);
+
+/* flash3_forward with caller scratch: workspace may be NULL (allocated
+ * internally, stream-ordered); otherwise at least flash3_forward_workspace_size()
+ * bytes, 256-byte aligned (FLASH3_INVALID_ARGUMENT before anything is launched
+ * if not), written by the kernels and not in use by other streams during the call. */
+flash3_status flash3_forward_with_workspace(const flash3_tensor* q, const flash3_tensor* k,
+                                            const flash3_tensor* v, const flash3_tensor* out,
+                                            const flash3_tensor* lse, const flash3_options* opts,
+                                            void* workspace, size_t workspace_bytes, void* stream);
+
+/* Bytes of forward scratch the call needs, from the shapes of q, k, v and opts
+ * (0: none, as for most fixed-length calls; varlen calls need their
+ * per-sequence maps). 0 also for malformed shapes and a bad opts->struct_size. */
+size_t flash3_forward_workspace_size(const flash3_tensor* q, const flash3_tensor* k,
+                                     const flash3_tensor* v, const flash3_options* opts);
 
 /* dlse may be NULL. workspace may be NULL (allocated internally, stream-ordered). */
 flash3_status flash3_backward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,

@@ -21,8 +21,9 @@
 // Kernels registered here:
 //   CUDA      the real implementation: checks every argument (raising ValueError / TypeError /
 //             NotImplementedError naming the argument) before anything is queued, allocates
-//             out / lse / dq / dk / dv / workspace with the caching allocator (at::empty, at::zeros
-//             for the varlen gradients: CUDA-graph safe), and calls flash3::forward /
+//             out / lse / dq / dk / dv and the forward's and backward's workspace with the caching
+//             allocator (at::empty, at::zeros for the varlen gradients: CUDA-graph safe, so
+//             flash3 never falls back to cudaMallocAsync here), and calls flash3::forward /
 //             flash3::backward on the current stream.
 //   CPU       raises the "must be a CUDA tensor" error (instead of the dispatcher's generic
 //             "could not run ... with arguments from the 'CPU' backend").
@@ -440,6 +441,36 @@ Tensor kernel_layout(const Tensor& t, bool is_lse) {
   return c;
 }
 
+// Scratch for one flash3::forward / flash3::backward call from the caching
+// allocator: a uint8 tensor on `like`'s device (none for 0 bytes), kept alive
+// by the caller until the call has been queued; the allocator's stream
+// semantics then order any reuse of the block after the kernels, and under
+// CUDA-graph capture it comes from the graph's pool. flash3 wants 256-byte
+// alignment: the caching allocator's blocks are 512-byte aligned, and a block
+// that is not (another allocator) is replaced by one 255 bytes longer whose
+// pointer is rounded up.
+struct Workspace {
+  Tensor storage;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+Workspace caching_workspace(size_t bytes, const Tensor& like) {
+  constexpr uintptr_t kAlign = 256;
+  Workspace w;
+  if (bytes == 0) return w;
+  const auto opts = like.options().dtype(at::kByte);
+  w.storage = at::empty({static_cast<int64_t>(bytes)}, opts);
+  uintptr_t p = reinterpret_cast<uintptr_t>(w.storage.data_ptr());
+  if (p % kAlign != 0) {
+    w.storage = at::empty({static_cast<int64_t>(bytes + kAlign - 1)}, opts);
+    p = (reinterpret_cast<uintptr_t>(w.storage.data_ptr()) + kAlign - 1) / kAlign * kAlign;
+  }
+  w.ptr = reinterpret_cast<void*>(p);
+  w.bytes = bytes;
+  return w;
+}
+
 // ---------------------------------------------------------------------------
 // CUDA kernels of the ops.
 // ---------------------------------------------------------------------------
@@ -464,6 +495,10 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
   args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
+  // The persistent causal kernels' tile counter (most calls need none).
+  const Workspace ws = caching_workspace(flash3::forward_workspace_size(args), q);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::forward(args, stream), "forward");
   return {out, lse};
@@ -494,13 +529,9 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k
   args.dk = view(dk);
   args.dv = view(dv);
   args.opts = opts;
-  Tensor workspace;
-  const size_t ws_bytes = flash3::backward_workspace_size(args);
-  if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, q.options().dtype(at::kByte));
-    args.workspace = workspace.data_ptr();
-    args.workspace_bytes = ws_bytes;
-  }
+  const Workspace ws = caching_workspace(flash3::backward_workspace_size(args), q);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::backward(args, stream), what);
   return {dq, dk, dv};
@@ -570,6 +601,11 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
   set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store
+  // The per-sequence tensor maps and tile map (sized from the shapes, num_sequences and
+  // max_seqlen_*, never from values on the device).
+  const Workspace ws = caching_workspace(flash3::forward_workspace_size(args), q);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::forward(args, stream), "varlen forward");
   return {out, lse};

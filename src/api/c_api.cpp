@@ -143,6 +143,23 @@ flash3::Status forward_args(const flash3_tensor* q, const flash3_tensor* k, cons
   return to_options(opts, &a->opts);
 }
 
+// flash3_forward and flash3_forward_with_workspace (workspace NULL: allocated
+// by flash3::forward); errors are reported as `where`'s.
+flash3_status forward_impl(const char* where, const flash3_tensor* q, const flash3_tensor* k,
+                           const flash3_tensor* v, const flash3_tensor* out, const flash3_tensor* lse,
+                           const flash3_options* opts, void* workspace, size_t workspace_bytes,
+                           void* stream) noexcept {
+  try {
+    flash3::ForwardArgs a;
+    FLASH3_C_TRY(where, forward_args(q, k, v, out, lse, opts, &a));
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return report(where, flash3::forward(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(where);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -170,13 +187,26 @@ flash3_options flash3_default_options(void) {
 flash3_status flash3_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                              const flash3_tensor* out, const flash3_tensor* lse, const flash3_options* opts,
                              void* stream) {
-  static const char* kWhere = "flash3_forward";
+  return forward_impl("flash3_forward", q, k, v, out, lse, opts, nullptr, 0, stream);
+}
+
+flash3_status flash3_forward_with_workspace(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                            const flash3_tensor* out, const flash3_tensor* lse,
+                                            const flash3_options* opts, void* workspace, size_t workspace_bytes,
+                                            void* stream) {
+  return forward_impl("flash3_forward_with_workspace", q, k, v, out, lse, opts, workspace, workspace_bytes, stream);
+}
+
+size_t flash3_forward_workspace_size(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                     const flash3_options* opts) {
   try {
     flash3::ForwardArgs a;
-    FLASH3_C_TRY(kWhere, forward_args(q, k, v, out, lse, opts, &a));
-    return report(kWhere, flash3::forward(a, static_cast<cudaStream_t>(stream)));
+    if (!to_view(q, "q", &a.q).ok() || !to_view(k, "k", &a.k).ok() || !to_view(v, "v", &a.v).ok()) return 0;
+    if (!to_options(opts, &a.opts).ok()) return 0;
+    return flash3::forward_workspace_size(a);
   } catch (...) {
-    return report_exception(kWhere);
+    (void)report_exception("flash3_forward_workspace_size");
+    return 0;
   }
 }
 

@@ -96,6 +96,72 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
   apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
   return backward_workspace_bytes(p);
 }
+// The forward's scratch for q / k / v's shapes and the options (0 for
+// malformed shapes or where the launch needs none). Fixed length: the same
+// for every batch slice (the tile counter depends on seqlen_k, the head dims
+// and the mask only).
+size_t forward_workspace_bytes_of(const ForwardArgs& args) {
+  const TensorView &q = args.q, &k = args.k, &v = args.v;
+  const bool varlen = args.opts.cu_seqlens_q != nullptr;
+  const int nd = varlen ? 3 : 4;
+  if (q.ndim != nd || k.ndim != nd || v.ndim != nd) return 0;
+  for (const TensorView* t : {&q, &k, &v})
+    for (int i = 0; i < nd; ++i)
+      if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) return 0;
+  const int r = varlen ? 0 : 1;  // the row dimension of fixed-length tensors follows the batch
+  if (q.shape[r + 1] <= 0 || k.shape[r + 1] <= 0 || q.shape[r + 1] % k.shape[r + 1] != 0) return 0;
+  FwdParams p;
+  p.varlen = varlen;
+  p.dtype = q.dtype;
+  p.batch = varlen ? args.opts.num_sequences : static_cast<int>(q.shape[0]);
+  p.seqlen_q = static_cast<int>(q.shape[r]);
+  p.seqlen_k = static_cast<int>(k.shape[r]);
+  p.heads_q = static_cast<int>(q.shape[r + 1]);
+  p.heads_kv = static_cast<int>(k.shape[r + 1]);
+  p.head_dim = static_cast<int>(q.shape[r + 2]);
+  p.head_dim_v = static_cast<int>(v.shape[r + 2]);
+  p.softcap = args.opts.softcap;
+  p.pack_gqa = args.opts.pack_gqa;
+  if (varlen) {
+    if (p.batch <= 0) return 0;
+    p.max_seqlen_q = args.opts.max_seqlen_q;
+    p.max_seqlen_k = args.opts.max_seqlen_k;
+    apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
+  } else {
+    apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
+  }
+  return forward_workspace_bytes(p);
+}
+
+// A call's scratch: the caller's (checked: size and 256-byte alignment) or,
+// without one, stream-ordered memory from the driver's pool (no device-wide
+// synchronisation; reusable as soon as the kernels that use it have run),
+// which release() gives back after the launches.
+struct Scratch {
+  void* ptr = nullptr;
+  bool owned = false;
+  Status acquire(void* given, size_t given_bytes, size_t need, const char* size_fn, cudaStream_t stream) {
+    if (given != nullptr) {
+      if (given_bytes < need) {
+        return Status::Invalid("workspace: " + std::to_string(given_bytes) + " bytes given, " + size_fn + " = " +
+                               std::to_string(need) + " needed");
+      }
+      if (reinterpret_cast<uintptr_t>(given) % 256 != 0) return Status::Invalid("workspace: must be 256-byte aligned");
+      ptr = given;
+      return Status::Ok();
+    }
+    if (need == 0) return Status::Ok();
+    FLASH3_RETURN_IF_ERROR(cuda_call(cudaMallocAsync(&ptr, need, stream), "cudaMallocAsync(workspace)"));
+    owned = true;
+    return Status::Ok();
+  }
+  // The launches' status, or the free's error after successful launches.
+  Status release(Status launched, cudaStream_t stream) {
+    if (!owned) return launched;
+    Status freed = cuda_call(cudaFreeAsync(ptr, stream), "cudaFreeAsync(workspace)");
+    return launched.ok() ? freed : launched;
+  }
+};
 }  // namespace
 
 Status forward(const ForwardArgs& args, cudaStream_t stream) {
@@ -105,15 +171,26 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     // Nothing to compute (varlen: no sequences or no query rows), nothing launched.
     if (forward_is_empty(args)) return Status::Ok();
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    Scratch ws;
+    FLASH3_RETURN_IF_ERROR(
+        ws.acquire(args.workspace, args.workspace_bytes, forward_workspace_size(args), "forward_workspace_size()", stream));
     // Varlen: one launch over all sequences (the batch lives in cu_seqlens).
-    if (args.opts.cu_seqlens_q != nullptr) return launch_forward(make_fwd_params(args), stream);
-    const int64_t batch = args.q.shape[0];
-    const int64_t per_launch = launch_batch(args.q, args.k);
-    for (int64_t b0 = 0; b0 < batch; b0 += per_launch) {
-      const ForwardArgs sub = forward_slice(args, b0, std::min(per_launch, batch - b0));
-      FLASH3_RETURN_IF_ERROR(launch_forward(make_fwd_params(sub), stream));
+    // Fixed length: batch slices share the scratch (ordered on the stream).
+    Status launched = Status::Ok();
+    if (args.opts.cu_seqlens_q != nullptr) {
+      FwdParams params = make_fwd_params(args);
+      params.workspace = ws.ptr;
+      launched = launch_forward(params, stream);
+    } else {
+      const int64_t batch = args.q.shape[0];
+      const int64_t per_launch = launch_batch(args.q, args.k);
+      for (int64_t b0 = 0; b0 < batch && launched.ok(); b0 += per_launch) {
+        FwdParams params = make_fwd_params(forward_slice(args, b0, std::min(per_launch, batch - b0)));
+        params.workspace = ws.ptr;
+        launched = launch_forward(params, stream);
+      }
     }
-    return Status::Ok();
+    return ws.release(launched, stream);
   } catch (const std::exception& e) {
     return internal_error("flash3::forward", e.what());
   } catch (...) {
@@ -127,21 +204,10 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
     if (!s.ok()) return s;
     if (backward_is_empty(args)) return Status::Ok();  // nothing to write
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
-    const size_t need = backward_workspace_size(args);
-    void* workspace = args.workspace;
-    if (workspace != nullptr) {
-      if (args.workspace_bytes < need) {
-        return Status::Invalid("workspace: " + std::to_string(args.workspace_bytes) +
-                               " bytes given, backward_workspace_size() = " + std::to_string(need) + " needed");
-      }
-      if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
-        return Status::Invalid("workspace: must be 256-byte aligned");
-      }
-    } else if (need > 0) {
-      // Stream-ordered scratch: no device-wide synchronisation, reusable by the
-      // driver's pool as soon as the kernels that use it have run.
-      FLASH3_RETURN_IF_ERROR(cuda_call(cudaMallocAsync(&workspace, need, stream), "cudaMallocAsync(workspace)"));
-    }
+    Scratch ws;
+    FLASH3_RETURN_IF_ERROR(ws.acquire(args.workspace, args.workspace_bytes, backward_workspace_size(args),
+                                      "backward_workspace_size()", stream));
+    void* workspace = ws.ptr;
     // Launches of consecutive batch slices share the scratch: they are ordered
     // on the stream. Varlen: one launch over all sequences.
     const bool varlen = args.opts.cu_seqlens_q != nullptr;
@@ -158,13 +224,19 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
       params.workspace = workspace;
       launched = launch_backward(params, stream);
     }
-    if (args.workspace != nullptr || need == 0) return launched;
-    Status freed = cuda_call(cudaFreeAsync(workspace, stream), "cudaFreeAsync(workspace)");
-    return launched.ok() ? freed : launched;
+    return ws.release(launched, stream);
   } catch (const std::exception& e) {
     return internal_error("flash3::backward", e.what());
   } catch (...) {
     return internal_error("flash3::backward", "unknown");
+  }
+}
+
+size_t forward_workspace_size(const ForwardArgs& args) {
+  try {
+    return forward_workspace_bytes_of(args);
+  } catch (...) {
+    return 0;
   }
 }
 

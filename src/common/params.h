@@ -33,6 +33,11 @@ struct FwdParams {
   // fwd_pack_gqa() (launch/dispatch.h) decides. The backward ignores it.
   int pack_gqa = -1;
 
+  // Scratch, 256-byte aligned: forward_workspace_bytes() (the tile counter,
+  // the varlen maps) or backward_workspace_bytes(); the caller's or allocated
+  // by the entry point, never null when the launch needs it.
+  void* workspace = nullptr;
+
   // Variable length (cu_seqlens_q set): batch = number of sequences,
   // seqlen_q / seqlen_k = total rows of q / k, the batch strides unused (0),
   // lse is (heads, total_q) (lse_head_stride; lse_batch_stride 0).
@@ -87,7 +92,6 @@ struct BwdParams : FwdParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
   bool deterministic = false;
-  void* workspace = nullptr;  // backward_workspace_size() bytes, 256-byte aligned
 };
 
 // Lowers validated args (workspace left null; the caller provides it).

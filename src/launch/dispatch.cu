@@ -82,6 +82,18 @@ bool fwd_pack_gqa(const FwdParams& p) {
   return p.seqlen_q > 0 && fill(p.seqlen_q) < 0.9 * fill(int64_t(p.seqlen_q) * g);
 }
 
+size_t forward_workspace_bytes(const FwdParams& p) {
+  if (!p.varlen) {
+    const bool dynamic_causal = p.is_causal && !p.is_local && fwd_has_short_causal(p.head_dim, p.head_dim_v) &&
+                                fwd_short_causal(p.head_dim, p.seqlen_k) && !fwd_pack_gqa(p);
+    return dynamic_causal ? kFwdTileCounterBytes : 0;
+  }
+  // The varlen launch's tile shape (run_fwd_varlen_mask / run_fwd_packed).
+  const int tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, p.is_local).tile_m;
+  const int64_t g = fwd_pack_gqa(p) ? p.heads_q / p.heads_kv : 1;
+  return varlen_scratch_bytes(p.batch, varlen_tiles_bound(int64_t(p.seqlen_q) * g, p.batch, tile_m));
+}
+
 static Status not_built(const char* pass, const FwdParams& p) {
   return Status::NotSupported(std::string(pass) + " kernel for dtype " + dtype_name(p.dtype) + ", head_dim " +
                               std::to_string(p.head_dim) + ", head_dim_v " + std::to_string(p.head_dim_v) +

@@ -17,8 +17,17 @@ bool fwd_pack_kernel_built(DType dtype, int head_dim, int head_dim_v);
 // (PackGQA) for this problem: params.pack_gqa (1 on, 0 off, -1 heuristic)
 // where a packed unit exists (GQA/MQA, no softcap), else false.
 bool fwd_pack_gqa(const FwdParams& params);
-// Launches the forward for validated params (mask variant chosen inside).
+// Launches the forward for validated params (mask variant chosen inside);
+// params.workspace must hold forward_workspace_bytes(params) where that is > 0.
 Status launch_forward(const FwdParams& params, cudaStream_t stream);
+// The forward's scratch: the varlen prep kernel's maps (tensor maps, sequences,
+// tile map: varlen_scratch_bytes over the packed or unpacked query-tile bound)
+// or, for fixed length, the tile counter of the persistent causal kernels
+// (DynamicLptTileScheduler: causal, d <= 128, short seqlen_k or d <= 64;
+// fwd_launch.cuh's run_fwd makes the same choice and reports a missing
+// workspace as kInternal); 0 otherwise.
+constexpr size_t kFwdTileCounterBytes = 256;
+size_t forward_workspace_bytes(const FwdParams& params);
 // Launches preprocess, main kernel and postprocess for validated params;
 // params.workspace must hold backward_workspace_bytes(params).
 Status launch_backward(const BwdParams& params, cudaStream_t stream);

@@ -122,18 +122,16 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
     grid = Scheduler::grid(kp.num_m_blocks, kp.tile_heads, p.batch, kp.tile_order);
   }
   if constexpr (Traits::kPersistent && Scheduler::kDynamic) {
-    // The tile counter: stream-ordered scratch, zeroed before the kernel (one
-    // 4-byte memset; safe under concurrent launches on other streams and in
-    // CUDA graphs, unlike a shared counter that the kernel resets itself).
-    int* tile_counter = nullptr;
-    FLASH3_CUDA_TRY(cudaMallocAsync(&tile_counter, sizeof(int), stream));
-    Status s = cuda_call(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)");
-    if (s.ok()) {
-      s = launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
-                                     kp, tile_counter);
-    }
-    Status freed = cuda_call(cudaFreeAsync(tile_counter, stream), "cudaFreeAsync(tile counter)");
-    return s.ok() ? freed : s;
+    // The tile counter: in the call's workspace (stream-ordered), zeroed
+    // before the kernel (one 4-byte memset; safe under concurrent launches on
+    // other streams and in CUDA graphs, unlike a shared counter that the
+    // kernel resets itself).
+    int* tile_counter = static_cast<int*>(p.workspace);
+    if (tile_counter == nullptr) return Status{StatusCode::kInternal, "forward: no workspace for the tile counter"};
+    FLASH3_RETURN_IF_ERROR(
+        cuda_call(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)"));
+    return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
+                                      kp, tile_counter);
   }
   return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
                                     kp, static_cast<int*>(nullptr));
@@ -167,7 +165,7 @@ inline FwdParams varlen_as_one_batch(const FwdParams& p) {
 
 // Variable-length forward: the prep kernel (per-sequence info, tensor maps
 // and tile map, all on the device), then the attention kernel over the tile
-// map's upper bound, on one stream. The scratch is stream-ordered.
+// map's upper bound, on one stream; both use the call's workspace.
 template <class Traits>
 Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   static_assert(Traits::kVarlen && !Traits::kPersistent, "varlen runs one tile per CTA");
@@ -179,9 +177,10 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.seqlen_q) * (Traits::kPackGQA ? kp.heads_per_kv : 1);
   const int64_t bound = varlen_tiles_bound(rows, p.batch, Traits::kBlockM);
   if (bound > int64_t(INT32_MAX)) return Status::Invalid("varlen: more than 2^31 query tiles");
-  void* scratch = nullptr;
-  FLASH3_CUDA_TRY(cudaMallocAsync(&scratch, varlen_scratch_bytes(p.batch, bound), stream));
-  kp.varlen = varlen_scratch_at(scratch, p.batch, bound);
+  // The scratch is the call's workspace (forward_workspace_bytes sizes it
+  // with the same tile shape and packing).
+  if (p.workspace == nullptr) return Status{StatusCode::kInternal, "varlen forward: no workspace"};
+  kp.varlen = varlen_scratch_at(p.workspace, p.batch, bound);
 
   VarlenPrepArgs a{};
   a.seqs = varlen_seqs_of(p);
@@ -191,16 +190,12 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   a.o = {p.o, p.o_row_stride, p.o_head_stride};
   a.longest_first = Traits::Mask::kHasRight;
   a.scratch = kp.varlen;
-  Status s = launch_kernel("flash3 varlen prep launch", flash_fwd_varlen_prep_kernel<Traits>,
-                           varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a);
-  if (s.ok()) {
-    constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
-    s = launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), kp.tile_heads),
-                                   dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp,
-                                   static_cast<int*>(nullptr));
-  }
-  Status freed = cuda_call(cudaFreeAsync(scratch, stream), "cudaFreeAsync(varlen scratch)");
-  return s.ok() ? freed : s;
+  FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 varlen prep launch", flash_fwd_varlen_prep_kernel<Traits>,
+                                       varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a));
+  constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
+  return launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), kp.tile_heads),
+                                    dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp,
+                                    static_cast<int*>(nullptr));
 }
 
 // The tile table's shapes. (d = 64 causal: the three-warpgroup tile spills

@@ -12,13 +12,14 @@
 #include <string>
 #include <thread>
 
+#include "skip_device_check.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
 #include "launch/dispatch.h"  // the softcap units (the manifest's feature axis)
 
 namespace {
 
-constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
+constexpr const char* kSkipEnv = flash3::testutil::kSkipDeviceCheckEnv;
 
 flash3_tensor tensor(uintptr_t addr, int32_t dtype, int32_t ndim, std::initializer_list<int64_t> shape) {
   flash3_tensor t;
@@ -72,21 +73,7 @@ flash3_status expected_for_valid_bf16_64() {
   return flash3_forward_is_built(FLASH3_BF16, 64, 64) ? FLASH3_OK : FLASH3_NOT_SUPPORTED;
 }
 
-class CApi : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* v = std::getenv(kSkipEnv);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv(kSkipEnv, "1", 1);
-  }
-  void TearDown() override {
-    if (had_) setenv(kSkipEnv, old_.c_str(), 1);
-    else unsetenv(kSkipEnv);
-  }
-  bool had_ = false;
-  std::string old_;
-};
+class CApi : public flash3::testutil::SkipDeviceCheckTest {};
 
 TEST_F(CApi, DefaultOptions) {
   const flash3_options o = flash3_default_options();
