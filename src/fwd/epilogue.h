@@ -8,6 +8,7 @@
 #include "common/cute_utils.h"
 #include "common/named_barriers.h"
 #include "fusion/softmax.h"
+#include "fwd/mainloop.h"
 #include "scheduler/tile_scheduler.h"
 
 namespace flash3 {
@@ -114,13 +115,9 @@ struct FwdEpilogue {
     Tensor tOcO = thr_pv.partition_C(cO);
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
     if (get<1>(tOcO_rc(0, 0)) != 0) return;
-    // Fixed length: (batch, heads, seqlen_q); varlen: (heads, total_q).
-    float* lse_ptr = params.lse + int64_t(tile.head) * params.heads_per_kv * params.lse_head_stride;
-    if constexpr (Traits::kVarlen) {
-      lse_ptr += params.varlen.seqs[tile.batch].offset_q;
-    } else {
-      lse_ptr += int64_t(tile.batch) * params.lse_batch_stride;
-    }
+    // Fixed length: (batch, heads, seqlen_q); varlen: (heads, total_q), row stride 1.
+    float* lse_ptr = params.lse + FwdMainloop<Traits>::packed_seq_offset(params, tile, params.lse_batch_stride, 1) +
+                     int64_t(tile.head) * params.heads_per_kv * params.lse_head_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kNRows; ++r) {
       int q_row, head;
@@ -139,13 +136,9 @@ struct FwdEpilogue {
     constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
     constexpr int kVecsPerRow = Traits::kHeadDimV / kVec;
     static_assert(Traits::kHeadDimV % kVec == 0, "O rows are copied in 16-byte pieces");
-    int64_t seq_offset;
-    if constexpr (Traits::kVarlen) {
-      seq_offset = int64_t(params.varlen.seqs[tile.batch].offset_q) * params.o_row_stride;
-    } else {
-      seq_offset = int64_t(tile.batch) * params.o_batch_stride;
-    }
-    Element* o = params.o_ptr + seq_offset + int64_t(tile.head) * params.heads_per_kv * params.o_head_stride;
+    Element* o = params.o_ptr +
+                 FwdMainloop<Traits>::packed_seq_offset(params, tile, params.o_batch_stride, params.o_row_stride) +
+                 int64_t(tile.head) * params.heads_per_kv * params.o_head_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int i = thread_idx; i < kBlockM * kVecsPerRow; i += Traits::kNumMmaThreads) {
       const int r = i / kVecsPerRow, c = i % kVecsPerRow;

@@ -182,7 +182,7 @@ struct FwdMainloop {
     }
   }
 
-  // PackGQA: the tile's first Q / O element of packed row p = (query row q,
+  // PackGQA: the tile's first Q / O / LSE element of packed row p = (query row q,
   // head j in the group): base + q * row_stride + (head_kv * g + j) * head_stride.
   // Fixed length: base is the batch's; varlen: the sequence's first row.
   CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, TileCoord tile, int64_t batch_stride,
