@@ -1,7 +1,9 @@
 """What this build of the flash3 package has kernels for, beyond forward_is_built /
 backward_is_built (which report the plain kernels): the test files' shared probes."""
+import pytest
 import torch
 
+import flash3
 from flash3 import flash_attn_func
 
 _SOFTCAP_BUILT = {}
@@ -26,3 +28,19 @@ def softcap_built(dtype, d, dv, backward=False):
             assert "softcap" in str(e) and "FLASH3_FEATURES" in str(e), str(e)
             _SOFTCAP_BUILT[key] = False
     return _SOFTCAP_BUILT[key]
+
+
+def skip_unless_built(dtype, d, dv, backward=False):
+    """Skips the calling test unless the plain forward (and backward) kernels of (dtype, d, dv) are built."""
+    if not flash3.forward_is_built(dtype, d, dv):
+        pytest.skip(f"forward kernel {dtype} {d}x{dv} not built")
+    if backward and not flash3.backward_is_built(dtype, d, dv):
+        pytest.skip(f"backward kernel {dtype} {d}x{dv} not built (flash3 backward not in this build)")
+
+
+def skip_unless_softcap_built(dtype, d, dv, backward=False):
+    """skip_unless_built, then also unless the softcap kernels of (dtype, d, dv) are built."""
+    skip_unless_built(dtype, d, dv, backward)
+    if not softcap_built(dtype, d, dv, backward):
+        pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
+                    "(FLASH3_FEATURES without softcap)")

@@ -39,6 +39,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_func  # noqa: E402
+from builds import skip_unless_built as _skip_unless_built  # noqa: E402
+from builds import skip_unless_softcap_built as _skip_unless_softcap_built  # noqa: E402
 from builds import softcap_built  # noqa: E402
 from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, sdpa_ref, tol_factor  # noqa: E402
 
@@ -50,13 +52,6 @@ HDIMS = [(64, 64), (128, 128), (256, 256), (192, 128)]
 SEQLENS = [(128, 128), (1000, 1000), (113, 1023), (1023, 113)]
 MASKS = {"none": (False, (-1, -1)), "causal": (True, (-1, -1)), "window128x0": (False, (128, 0))}
 HEADS = {"mha": (4, 4), "gqa": (8, 2)}
-
-
-def _skip_unless_built(dtype, d, dv, backward=False):
-    if not flash3.forward_is_built(dtype, d, dv):
-        pytest.skip(f"forward kernel {dtype} {d}x{dv} not built")
-    if backward and not flash3.backward_is_built(dtype, d, dv):
-        pytest.skip(f"backward kernel {dtype} {d}x{dv} not built (flash3 backward not in this build)")
 
 
 def _inputs(b, sq, sk, hq, hk, d, dv, dtype, requires_grad=False, seed=0):
@@ -508,13 +503,6 @@ def test_opcheck():
 # softcap: s -> softcap * tanh(s / softcap) after the scale, before the mask; forward and
 # backward (dS through the tanh), against ref.attention_ref(softcap=...).
 # ---------------------------------------------------------------------------
-def _skip_unless_softcap_built(dtype, d, dv, backward=False):
-    _skip_unless_built(dtype, d, dv, backward)
-    if not softcap_built(dtype, d, dv, backward):
-        pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
-                    "(FLASH3_FEATURES without softcap)")
-
-
 def _softcap_cases():
     """dtype x head dim x softcap {5, 30} x mask {none, causal}; MHA / GQA alternate with the head
     dim and the mask (each dtype, softcap and mask meets both, and so does each head dim); the

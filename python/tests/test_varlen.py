@@ -51,6 +51,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_varlen_func  # noqa: E402
+from builds import skip_unless_built as _skip_unless_built  # noqa: E402
+from builds import skip_unless_softcap_built as _skip_unless_softcap_built  # noqa: E402
 from builds import softcap_built  # noqa: E402
 from ref import attention_ref, check_close, lse_lowp, max_err, rounding_atol, tol_factor  # noqa: E402
 
@@ -64,13 +66,6 @@ HDIMS = [(64, 64), (128, 128), (256, 256)]
 HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (6, 1)}
 MASKS = ["none", "causal", "window", "causal_left"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _skip_unless_built(dtype, d, dv, backward=False):
-    if not flash3.forward_is_built(dtype, d, dv):
-        pytest.skip(f"forward kernel {dtype} {d}x{dv} not built")
-    if backward and not flash3.backward_is_built(dtype, d, dv):
-        pytest.skip(f"backward kernel {dtype} {d}x{dv} not built")
 
 
 # ---------------------------------------------------------------------------
@@ -609,13 +604,6 @@ def test_backward_autograd_conventions():
 # softcap: s -> softcap * tanh(s / softcap) after the scale, before the mask, per sequence;
 # forward and backward against ref.attention_ref(softcap=...).
 # ---------------------------------------------------------------------------
-def _skip_unless_softcap_built(dtype, d, dv, backward=False):
-    _skip_unless_built(dtype, d, dv, backward)
-    if not softcap_built(dtype, d, dv, backward):
-        pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
-                    "(FLASH3_FEATURES without softcap)")
-
-
 def _softcap_cases():
     """dtype x head dim x softcap {5, 30}; the mask and the head layout cycle so that every mask
     and head layout meets both dtypes and both softcaps; seqused on half the cases (both dtypes)."""
