@@ -49,6 +49,12 @@ Modes:
                    time (us), effective K+V read bandwidth (bytes of K and V / time) and the
                    packed / unpacked speedup per row, both flash3 results checked against fp32
                    math SDPA under the tolerance rule (--no-check: not).
+  --split-kv       split-KV on the decode rows (seqlen_q 1 (--seqlens), d = 128, 64 query heads on 8
+                   KV heads, batch x seqlen_k 1 x 4k .. 128 x 16k): num_splits 0 (heuristic) and 1
+                   from the same library, and cuDNN, each replayed from a CUDA graph of 10 calls,
+                   sustained and interleaved like --steady; time per call (us), effective K+V read
+                   bandwidth and cuDNN time / split time; both flash3 results checked on batch
+                   element 0 (--no-check: not).
   --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
@@ -62,6 +68,7 @@ Usage:
   python3 bench/bench.py --power --passes bwd --hdims 128 --seqlens 4k --causal on
   python3 bench/bench.py --fixed-cost --hdims 128 --seqlen-k 4k --seqlens 2k,4k,8k,16k --tile-m 80
   python3 bench/bench.py --pack-gqa
+  python3 bench/bench.py --split-kv
   python3 bench/bench.py --from-csv out.csv --plot out.png
 Profiling one kernel: ncu --kernel-name regex:flash_bwd_kernel --launch-count 1 python3
 bench/bench.py --iters 1 --warmup 0 --no-check --passes bwd --hdims 128 --seqlens 8k --causal off;
@@ -125,8 +132,19 @@ _PACK_FIELDS = [
 ]
 
 
+_SPLIT_FIELDS = [
+    ("num_splits", ctypes.c_int32),
+    ("reserved0", ctypes.c_int32),  # keeps sizeof apart from the pack_gqa layout's (padding)
+]
+
+
 class F3Options(ctypes.Structure):
     """flash3_options: struct_size first (set by flash3_default_options)."""
+    _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS + _VARLEN_FIELDS + _PACK_FIELDS + _SPLIT_FIELDS
+
+
+class F3OptionsV3(ctypes.Structure):
+    """flash3_options before num_splits: --ab / --pack-gqa against such builds (not --split-kv)."""
     _fields_ = [("struct_size", ctypes.c_uint32)] + _OPTION_FIELDS + _VARLEN_FIELDS + _PACK_FIELDS
 
 
@@ -157,9 +175,12 @@ class Flash3Lib:
         lib.flash3_default_options.restype = F3Options
         lib.flash3_default_options.argtypes = []
         probe = lib.flash3_default_options()
-        sized = {ctypes.sizeof(c): c for c in (F3Options, F3OptionsV2, F3OptionsV1)}
+        sized = {ctypes.sizeof(c): c for c in (F3Options, F3OptionsV3, F3OptionsV2, F3OptionsV1)}
         self.Options = sized.get(probe.struct_size, F3OptionsNoSize)
         self.has_pack_gqa = any(name == "pack_gqa" for name, _ in self.Options._fields_)
+        self.has_num_splits = any(name == "num_splits" for name, _ in self.Options._fields_)
+        # The forward with caller scratch (builds with a forward workspace).
+        self.has_fwd_workspace = hasattr(lib, "flash3_forward_workspace_size")
         lib.flash3_default_options.restype = self.Options
         T = ctypes.POINTER(F3Tensor)
         O = ctypes.POINTER(self.Options)
@@ -170,6 +191,12 @@ class Flash3Lib:
                                         ctypes.c_void_p]
         lib.flash3_backward_workspace_size.restype = ctypes.c_size_t
         lib.flash3_backward_workspace_size.argtypes = [T, T, T, O]
+        if self.has_fwd_workspace:
+            lib.flash3_forward_workspace_size.restype = ctypes.c_size_t
+            lib.flash3_forward_workspace_size.argtypes = [T, T, T, O]
+            lib.flash3_forward_with_workspace.restype = ctypes.c_int
+            lib.flash3_forward_with_workspace.argtypes = [T, T, T, T, T, O, ctypes.c_void_p, ctypes.c_size_t,
+                                                          ctypes.c_void_p]
         lib.flash3_validate_forward.restype = ctypes.c_int
         lib.flash3_validate_forward.argtypes = [T, T, T, T, T, O]
         for fn in (lib.flash3_forward_is_built, lib.flash3_backward_is_built):
@@ -182,9 +209,10 @@ class Flash3Lib:
         lib.flash3_version.restype = ctypes.c_char_p
         lib.flash3_version.argtypes = []
 
-    def options(self, scale, causal=False, deterministic=False, softcap=0.0, pack_gqa=None):
+    def options(self, scale, causal=False, deterministic=False, softcap=0.0, pack_gqa=None, num_splits=None):
         """flash3_default_options() with the softmax scale, causal, deterministic and softcap set;
-        pack_gqa None keeps the library's default (the heuristic), True / False set 1 / 0."""
+        pack_gqa None keeps the library's default (the heuristic), True / False set 1 / 0;
+        num_splits None keeps the default (1), else sets it (0: the heuristic)."""
         opts = self.lib.flash3_default_options()
         opts.softmax_scale = scale
         opts.causal = 1 if causal else 0
@@ -194,6 +222,10 @@ class Flash3Lib:
             if not self.has_pack_gqa:
                 raise RuntimeError(f"{self.path}: its flash3_options has no pack_gqa (a build before PackGQA)")
             opts.pack_gqa = 1 if pack_gqa else 0
+        if num_splits is not None:
+            if not self.has_num_splits:
+                raise RuntimeError(f"{self.path}: its flash3_options has no num_splits (a build before split-KV)")
+            opts.num_splits = num_splits
         return opts
 
     def last_error(self):
@@ -238,6 +270,12 @@ class Flash3Call:
         self._structs = (t, tl, opts)  # what the byref pointers below point into
         st = stream if isinstance(stream, ctypes.c_void_p) else ctypes.c_void_p(stream)
         self._fwd = (P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(tl), P(opts), st)
+        self._fwd_ws = None
+        if lib.has_fwd_workspace:  # the forward's scratch allocated once, not per call
+            fws = int(lib.lib.flash3_forward_workspace_size(P(t["q"]), P(t["k"]), P(t["v"]), P(opts)))
+            if fws > 0:
+                self.fws = torch.empty(fws, device=q.device, dtype=torch.uint8)
+                self._fwd_ws = self._fwd[:6] + (ctypes.c_void_p(self.fws.data_ptr()), ctypes.c_size_t(fws), st)
         ws_bytes = lib.lib.flash3_backward_workspace_size(P(t["q"]), P(t["k"]), P(t["v"]), P(opts))
         self.ws = torch.empty(max(int(ws_bytes), 1), device=q.device, dtype=torch.uint8)
         self._bwd = (P(t["q"]), P(t["k"]), P(t["v"]), P(t["o"]), P(t["do"]), P(tl), None, P(t["dq"]), P(t["dk"]),
@@ -245,6 +283,8 @@ class Flash3Call:
         self.status = self.fwd()
 
     def fwd(self):
+        if self._fwd_ws is not None:
+            return self.lib.lib.flash3_forward_with_workspace(*self._fwd_ws)
         return self.lib.lib.flash3_forward(*self._fwd)
 
     def bwd(self):
@@ -1244,21 +1284,72 @@ def run_pack_gqa(args, torch, F, sdpa_ctx, dtype):
     if not lib.has_pack_gqa:
         print(f"bench.py --pack-gqa: {lib.path} has no pack_gqa option (a build before PackGQA)")
         return 1
-    stream = torch.cuda.current_stream().cuda_stream
-    hq, hkv = PACK_GQA_HEADS
+    return run_decode_rows(
+        args, torch, F, sdpa_ctx, dtype, lib, PACK_GQA_HEADS, PACK_GQA_SHAPES,
+        {"packed": dict(pack_gqa=True), "unpacked": dict(pack_gqa=False)},
+        "TB/s = bytes of K and V / time; speedup = unpacked time / packed time; check: both flash3 results, "
+        "worst err / bound",
+        ("speedup", lambda ms: ms["unpacked"] / ms["packed"], "packed/unpacked speedup"), graph=False)
+
+
+SPLIT_KV_HEADS = (64, 8)
+# Issue rows (batch, seqlen_k): decode at seqlen_q = 1.
+SPLIT_KV_SHAPES = ((1, 4096), (1, 16384), (1, 131072), (8, 16384), (8, 131072), (32, 131072), (128, 16384))
+SPLIT_KV_GRAPH_CALLS = 10  # calls per captured graph; times are per call
+
+
+def graphed(torch, launch, stream, calls=SPLIT_KV_GRAPH_CALLS):
+    """A CUDA graph of `calls` back-to-back launch() calls captured on `stream`
+    (launch issues its work there); returns its replay function."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        launch()  # warm up outside the capture (first-launch attributes, allocator)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(calls):
+            launch()
+    return g.replay
+
+
+def run_split_kv(args, torch, F, sdpa_ctx, dtype):
+    lib = Flash3Lib(args.lib)
+    if not lib.has_num_splits:
+        print(f"bench.py --split-kv: {lib.path} has no num_splits option (a build before split-KV)")
+        return 1
+
+    def ratio(ms):
+        return ms["cuDNN"] / ms["split"] if "cuDNN" in ms else float("nan")
+    return run_decode_rows(
+        args, torch, F, sdpa_ctx, dtype, lib, SPLIT_KV_HEADS, SPLIT_KV_SHAPES,
+        {"split": dict(num_splits=0), "unsplit": dict(num_splits=1)},
+        f"every contender replayed from a CUDA graph of {SPLIT_KV_GRAPH_CALLS} calls (us per call); TB/s = bytes "
+        "of K and V / time; split = num_splits 0 (heuristic), unsplit = num_splits 1 (pack_gqa: heuristic for "
+        "both); check: both flash3 results on batch element 0, worst err / bound",
+        ("split / cuDNN", ratio, "split bandwidth / cuDNN's"), graph=True)
+
+
+def run_decode_rows(args, torch, F, sdpa_ctx, dtype, lib, heads, shapes, contenders, legend, ratio, graph):
+    """The decode-like GQA table of --pack-gqa and --split-kv: per (batch, seqlen_k) of `shapes`
+    and seqlen_q of --seqlens, the flash3 `contenders` ({name: options}) and cuDNN, sustained
+    and interleaved; ratio = (column name, fn(ms by name), summary label). graph: each contender
+    replayed from a CUDA graph of SPLIT_KV_GRAPH_CALLS calls, and only batch element 0 checked
+    (the reference repeats K / V to every query head)."""
+    stream = torch.cuda.Stream() if graph else None
+    raw_stream = stream.cuda_stream if graph else torch.cuda.current_stream().cuda_stream
+    per_call = SPLIT_KV_GRAPH_CALLS if graph else 1
+    hq, hkv = heads
     d = parse_list(args.hdims, int)[0]
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | cuDNN {torch.backends.cudnn.version()}"
           f" | dtype {args.dtype} | rounds {args.rounds} | iters {args.iters} | warmup {args.warmup_ms:g} ms"
           f" | gap {args.gap_s:g} s | flash3 {lib.version()} ({lib.path})")
-    print(f"d = {d}, {hq} query heads on {hkv} KV heads; TB/s = bytes of K and V / time; speedup = unpacked time / "
-          f"packed time; check: both flash3 results, worst err / bound")
-    names = ["packed", "unpacked"] + ([] if args.no_cudnn else ["cuDNN"])
+    print(f"d = {d}, {hq} query heads on {hkv} KV heads; {legend}")
+    names = list(contenders) + ([] if args.no_cudnn else ["cuDNN"])
     print("| batch | seqlen_k | seqlen_q | causal | " + " | ".join(f"{n} us (spread)" for n in names) + " | " +
-          " | ".join(f"{n} TB/s" for n in names) + " | speedup | check |")
+          " | ".join(f"{n} TB/s" for n in names) + f" | {ratio[0]} | check |")
     print("|" + "---:|" * (4 + 2 * len(names) + 1) + "---|")
     sys.stdout.flush()
-    speedups, failed, notes = [], False, set()
-    for batch, sk in PACK_GQA_SHAPES:
+    ratios, failed, notes = [], False, set()
+    for batch, sk in shapes:
         gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + sk)
         k, v = (torch.randn((batch, sk, hkv, d), device="cuda", dtype=dtype, generator=gen) for _ in range(2))
         kv_bytes = 2 * k.numel() * k.element_size()
@@ -1267,9 +1358,11 @@ def run_pack_gqa(args, torch, F, sdpa_ctx, dtype):
             for causal in parse_causal(args.causal):
                 scale = 1.0 / math.sqrt(d)
                 label = f"b={batch} sk={fmt_len(sk)} sq={sq}{' causal' if causal else ''}"
+                # The calls may run on another stream: q / k / v, written on the current one, must be ready.
                 # dout = q: Flash3Call's backward half is never called here.
-                calls = {n: Flash3Call(torch, lib, q, k, v, q, lib.options(scale, causal, pack_gqa=p), stream)
-                         for n, p in (("packed", True), ("unpacked", False))}
+                torch.cuda.synchronize()
+                calls = {n: Flash3Call(torch, lib, q, k, v, q, lib.options(scale, causal, **o), raw_stream)
+                         for n, o in contenders.items()}
                 torch.cuda.synchronize()
                 bad = [n for n, c in calls.items() if c.status != FLASH3_OK]
                 if bad:
@@ -1278,27 +1371,29 @@ def run_pack_gqa(args, torch, F, sdpa_ctx, dtype):
                     continue
                 check = "-"
                 if not args.no_check:
-                    ok, worst = check_gqa_outputs(torch, F, sdpa_ctx, q, k, v, [c.out for c in calls.values()],
-                                                  scale, causal)
+                    n_check = 1 if graph else batch
+                    ok, worst = check_gqa_outputs(torch, F, sdpa_ctx, q[:n_check], k[:n_check], v[:n_check],
+                                                  [c.out[:n_check] for c in calls.values()], scale, causal)
                     check = f"{'PASS' if ok else 'FAIL'} ({worst:.2f})"
                     failed |= not ok
-                fns = {n: c.fwd for n, c in calls.items()}
+                fns = {n: graphed(torch, c.fwd, stream) if graph else c.fwd for n, c in calls.items()}
                 if not args.no_cudnn:
                     try:
-                        fns["cuDNN"], note = cudnn_gqa_fwd(torch, F, q, k, v, causal, scale)
+                        fn, note = cudnn_gqa_fwd(torch, F, q, k, v, causal, scale)
+                        fns["cuDNN"] = graphed(torch, fn, stream) if graph else fn
                         if note:
                             notes.add(note)
                     except (RuntimeError, TypeError, ImportError) as e:  # cuDNN cannot run this shape
                         print(f"  cuDNN {label}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}")
                 times = interleave(torch, fns, args.rounds, args.iters, args.warmup_ms, args.gap_s)
-                ms = {n: statistics.median(t) for n, t in times.items()}
-                spread = {n: (max(t) - min(t)) / ms[n] for n, t in times.items()}
+                ms = {n: statistics.median(t) / per_call for n, t in times.items()}
+                spread = {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()}
                 us = [f"{1e3 * ms[n]:.1f} ({100 * spread[n]:.0f}%)" if n in ms else "n/a" for n in names]
                 tbs = [f"{kv_bytes / (ms[n] * 1e-3) / 1e12:.2f}" if n in ms else "n/a" for n in names]
-                speedup = ms["unpacked"] / ms["packed"]
-                speedups.append((speedup, label))
+                r = ratio[1](ms)
+                ratios.append((r, label))
                 print(f"| {batch} | {fmt_len(sk)} | {sq} | {'yes' if causal else 'no'} | " + " | ".join(us) + " | " +
-                      " | ".join(tbs) + f" | {speedup:.3f} | {check} |")
+                      " | ".join(tbs) + f" | {r:.3f} | {check} |")
                 sys.stdout.flush()
                 del calls, fns
             del q
@@ -1306,10 +1401,10 @@ def run_pack_gqa(args, torch, F, sdpa_ctx, dtype):
         torch.cuda.empty_cache()
     for note in sorted(notes):
         print(f"cuDNN: {note}")
-    if speedups:
-        lo = min(speedups)
-        print(f"\npacked/unpacked speedup: geomean {geomean([x for x, _ in speedups]):.3f} over {len(speedups)} "
-              f"rows; lowest {lo[0]:.3f} ({lo[1]})")
+    if ratios and all(math.isfinite(x) for x, _ in ratios):
+        lo = min(ratios)
+        print(f"\n{ratio[2]}: geomean {geomean([x for x, _ in ratios]):.3f} over {len(ratios)} rows; "
+              f"lowest {lo[0]:.3f} ({lo[1]})")
     return 1 if failed else 0
 
 
@@ -1466,6 +1561,9 @@ def parse_args(argv=None):
     g = ap.add_argument_group("PackGQA mode")
     g.add_argument("--pack-gqa", action="store_true",
                    help="pack_gqa on and off (and cuDNN) on decode-like GQA rows (presets above)")
+    g = ap.add_argument_group("split-KV mode")
+    g.add_argument("--split-kv", action="store_true",
+                   help="num_splits 0 (heuristic) and 1 (and cuDNN) on decode rows, CUDA-graph replay (presets above)")
     g = ap.add_argument_group("power mode")
     g.add_argument("--power", action="store_true", help="power, clock and energy per call under sustained load")
     g.add_argument("--seconds", type=float, default=4.0,
@@ -1477,23 +1575,28 @@ def parse_args(argv=None):
     g.add_argument("--tile-m", type=int, default=0, help="query rows per iteration, to express X in iterations")
     args = ap.parse_args(argv)
 
-    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen", "pack_gqa") if getattr(args, m)]
+    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen", "pack_gqa", "split_kv")
+             if getattr(args, m)]
     if "steady" in modes and "ab" in modes:
         modes.remove("steady")
     if len(modes) > 1:
-        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost, --varlen, --pack-gqa or --from-csv")
+        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost, --varlen, --pack-gqa, --split-kv or "
+                 "--from-csv")
     args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
     if args.varlen:
         args.mode = "varlen"
     if args.mode == "table" and (args.softcap_too > 0 or args.deterministic_too):
         args.mode = "interleaved"  # the extra contenders only exist there
     interleaved = args.mode == "interleaved"
-    if args.varlen or args.pack_gqa:  # sustained and interleaved, as --steady
+    if args.varlen or args.pack_gqa or args.split_kv:  # sustained and interleaved, as --steady
         args.steady = True
     if args.pack_gqa:
         args.seqlens = args.seqlens or PACK_GQA_SEQLENS_Q
         args.hdims = args.hdims or "128"
-    args.causal = args.causal or ("off" if args.pack_gqa else "both")
+    if args.split_kv:
+        args.seqlens = args.seqlens or "1"
+        args.hdims = args.hdims or "128"
+    args.causal = args.causal or ("off" if args.pack_gqa or args.split_kv else "both")
     if args.steady or (args.power and args.hdims is None and args.seqlens is None):
         args.headline = args.headline or (args.hdims is None and args.seqlens is None)
     if args.fixed_cost:
@@ -1569,6 +1672,8 @@ def main(argv=None):
         return run_fixed_cost(args, torch, dtype)
     if args.mode == "pack_gqa":
         return run_pack_gqa(args, torch, F, sdpa_ctx, dtype)
+    if args.mode == "split_kv":
+        return run_split_kv(args, torch, F, sdpa_ctx, dtype)
     return run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype)
 
 

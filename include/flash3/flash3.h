@@ -25,15 +25,18 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat8E4M3 
 const char* dtype_name(DType t);
 int dtype_size(DType t);
 
-// A non-owning view of a device tensor. Strides are in elements.
+// A non-owning view of a device tensor. Strides are in elements. Up to
+// kMaxTensorDims dimensions (the attention tensors have 4; the split-KV
+// partial outputs of combine() have 5); the entries past ndim are unused.
+constexpr int kMaxTensorDims = 5;
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kBFloat16;
   int ndim = 0;
-  int64_t shape[4] = {0, 0, 0, 0};
-  int64_t stride[4] = {0, 0, 0, 0};
+  int64_t shape[kMaxTensorDims] = {0, 0, 0, 0, 0};
+  int64_t stride[kMaxTensorDims] = {0, 0, 0, 0, 0};
 
-  // Contiguous row-major view.
+  // Contiguous row-major view (ndim <= kMaxTensorDims).
   static TensorView contiguous(void* data, DType dtype, int ndim, const int64_t* shape);
   static TensorView make4d(void* data, DType dtype, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                            int64_t st0, int64_t st1, int64_t st2, int64_t st3);
@@ -125,6 +128,17 @@ struct AttentionOptions {
   // speed differs: where no packed kernel exists (MHA, softcap, a build
   // without the packgqa feature) the unpacked kernel runs, same results.
   int pack_gqa = -1;
+  // Split-KV, forward only (the backward ignores it): the KV range of each
+  // query tile is split over num_splits CTAs, each writing fp32 partial
+  // outputs and LSEs that a combine kernel (see combine() below) then merges;
+  // this fills the SMs when there are few query tiles (decode-like problems:
+  // short seqlen_q, long seqlen_k). 0: heuristic (splits where that fills the
+  // SMs), 1: no split (the default, as FlashAttention-3's flash_attn_func),
+  // n > 1: at most n splits (fewer when there are fewer KV blocks). Values < 0
+  // or > 256 are rejected (forward and backward). Only speed differs: where no
+  // split-capable kernel is built (softcap, a build without the packgqa
+  // feature) the unsplit kernel runs, same results.
+  int num_splits = 1;
 };
 
 struct ForwardArgs {
@@ -137,7 +151,9 @@ struct ForwardArgs {
   AttentionOptions opts;
   // Scratch memory, 256-byte aligned; query its size with
   // forward_workspace_size() (it depends on the shapes and options only, and is
-  // 0 for most fixed-length calls; varlen calls need their per-sequence maps).
+  // 0 for most fixed-length calls; varlen calls need their per-sequence maps,
+  // split calls their fp32 partials; with num_splits = 0 it also depends on
+  // the current device's SM count).
   // If null, flash3 allocates what it needs (stream-ordered) and frees it
   // itself. The kernels write it, so it must not be in use by other work on
   // other streams during the call.
@@ -161,10 +177,35 @@ struct BackwardArgs {
   size_t workspace_bytes = 0;
 };
 
-// Validation only (no launch). Used by forward()/backward() and exposed for tests
-// and bindings that want to raise before any work is queued.
+// Split-KV combine (FlashAttention-3's flash_attn_combine): merges the fp32
+// partial outputs and LSEs of num_splits KV splits of one attention problem,
+// row by row:
+//   lse = log(sum_s exp(lse_s)),  out = sum_s exp(lse_s - lse) * out_s.
+// A split whose lse_s is -inf (no visible key) weighs 0 and its out_s is not
+// read (it may hold anything, NaN included); a row with every split at -inf
+// gets out = 0 and lse = -inf, never NaN.
+struct CombineArgs {
+  // (num_splits, batch, seqlen, heads, head_dim) fp32, unit stride in head_dim,
+  // 16-byte aligned with the other strides multiples of 4 elements (the
+  // kernel reads float4s). num_splits in [1, 256], head_dim in [1, 256] and a
+  // multiple of 4.
+  TensorView out_partial;
+  // (num_splits, batch, seqlen, heads) fp32, natural log; any strides.
+  TensorView lse_partial;
+  // (batch, seqlen, heads, head_dim), written: bf16, fp16 or fp32, unit
+  // stride in head_dim, other strides any (vector stores where aligned).
+  TensorView out;
+  // Optional (batch, seqlen, heads) fp32, written; any strides (a
+  // (batch, heads, seqlen) tensor's transposed view is FlashAttention-3's
+  // layout). TensorView{} (no data, ndim 0): not stored.
+  TensorView lse;
+};
+
+// Validation only (no launch). Used by forward()/backward()/combine() and
+// exposed for tests and bindings that want to raise before any work is queued.
 Status validate_forward(const ForwardArgs& args);
 Status validate_backward(const BackwardArgs& args);
+Status validate_combine(const CombineArgs& args);
 
 // The kernels run on `stream`, which must belong to the current device (the
 // device of the tensors). A CUDA error left pending by earlier work of the
@@ -178,6 +219,10 @@ size_t backward_workspace_size(const BackwardArgs& args);
 // Bytes of ForwardArgs::workspace the call needs (0: none, or shapes that
 // validation would reject).
 size_t forward_workspace_size(const ForwardArgs& args);
+// The combine on `stream` (of the current device); nothing is launched for an
+// empty problem (batch, seqlen or heads 0). Needs no scratch; its kernel is
+// part of every build (no FLASH3_DTYPES / FLASH3_HDIMS variant).
+Status combine(const CombineArgs& args, cudaStream_t stream);
 
 // Which (dtype, head_dim, head_dim_v) forward/backward kernels this build contains.
 bool forward_is_built(DType dtype, int head_dim, int head_dim_v);

@@ -54,11 +54,19 @@ typedef struct {
   const int32_t* seqused_q;    /* NULL, or int32 device array of num_sequences real-token counts (needs cu_seqlens_q) */
   const int32_t* seqused_k;    /* NULL, or as seqused_q for the keys (needs cu_seqlens_k) */
   int32_t pack_gqa;            /* forward only: -1 heuristic, 0 off, 1 on (PackGQA, as in flash3.h) */
+  /* Split-KV, forward only (as in flash3.h): 1 no split, 0 heuristic, n in
+   * [2, 256] at most n splits. */
+  int32_t num_splits;
+  /* Set to 0 (flash3_default_options does). It keeps sizeof(flash3_options)
+   * apart from that of the layout ending at pack_gqa (88 bytes on LP64,
+   * padding included), whose callers' struct_size would otherwise claim
+   * num_splits, which sits in that layout's padding. Not read. */
+  int32_t reserved0;
 } flash3_options;
 
 /* Defaults: struct_size set, scale from head_dim (NaN), no mask, no softcap,
  * fixed length (cu_seqlens / seqused NULL, max_seqlen and num_sequences 0),
- * pack_gqa -1 (heuristic). */
+ * pack_gqa -1 (heuristic), num_splits 1 (no split). */
 flash3_options flash3_default_options(void);
 
 /* lse may be NULL (not stored). opts may be NULL (defaults). stream is a
@@ -94,6 +102,35 @@ flash3_status flash3_backward(const flash3_tensor* q, const flash3_tensor* k, co
 
 size_t flash3_backward_workspace_size(const flash3_tensor* q, const flash3_tensor* k,
                                       const flash3_tensor* v, const flash3_options* opts);
+
+/* Split-KV combine (flash3::combine in flash3.h; FlashAttention-3's
+ * flash_attn_combine): merges the fp32 partial outputs and LSEs of num_splits
+ * KV splits,  lse = log(sum_s exp(lse_s)),  out = sum_s exp(lse_s - lse) * out_s;
+ * a split at -inf weighs 0 (its partial output is not read), a row with every
+ * split at -inf gets out = 0 and lse = -inf.
+ *
+ * flash3_tensor holds 4 dimensions, so the split dimension is passed apart:
+ *   out_partial  the 4-d (batch, seqlen, heads, head_dim) fp32 view of split 0;
+ *                split s starts out_partial_split_stride elements after it.
+ *                Unit stride in head_dim, 16-byte aligned, the other strides
+ *                (split stride included) multiples of 4 elements.
+ *   lse_partial  the 3-d (batch, seqlen, heads) fp32 view of split 0 (natural
+ *                log); split s starts lse_partial_split_stride elements after it.
+ *   num_splits   in [1, 256] (a stride is ignored when num_splits is 1).
+ *   out          (batch, seqlen, heads, head_dim), written: FLASH3_BF16,
+ *                FLASH3_FP16 or FLASH3_FP32, unit stride in head_dim.
+ *   lse          NULL (not stored) or (batch, seqlen, heads) fp32, written.
+ * head_dim in [4, 256], a multiple of 4. Split strides >= 0. Outputs must not
+ * overlap the inputs or each other. stream: a cudaStream_t of the current
+ * device (NULL: legacy default stream). Nothing is launched for batch, seqlen
+ * or heads 0. Messages name the 5-d (num_splits, batch, seqlen, heads, head_dim)
+ * view the library validates: out_partial.shape[i + 1] / stride[i + 1] is the C
+ * view's shape[i] / stride[i], and out_partial.stride[0] the split stride
+ * (likewise for lse_partial). */
+flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_partial_split_stride,
+                             const flash3_tensor* lse_partial, int64_t lse_partial_split_stride,
+                             int32_t num_splits, const flash3_tensor* out, const flash3_tensor* lse,
+                             void* stream);
 
 /* Validation only; nothing is launched. */
 flash3_status flash3_validate_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,

@@ -1,12 +1,12 @@
 // flash3 PyTorch binding: the torch.library operators
 //
 //   flash3::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-//               pack_gqa=-1) -> (out, softmax_lse)
+//               pack_gqa=-1, num_splits=1) -> (out, softmax_lse)
 //   flash3::bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
 //               window_right, softcap, deterministic) -> (dq, dk, dv)
 //   flash3::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
 //                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-//                      deterministic, pack_gqa=-1) -> (out, softmax_lse)
+//                      deterministic, pack_gqa=-1, num_splits=1) -> (out, softmax_lse)
 //       variable-length forward: q (total_q, hq, d), k (total_k, hkv, d), v (total_k, hkv, dv),
 //       out (total_q, hq, dv), softmax_lse (hq, total_q) fp32; rows of out / softmax_lse that no
 //       sequence writes (beyond seqused, beyond cu_seqlens_q[-1]) are left as allocated.
@@ -17,6 +17,14 @@
 //       dq / dk / dv are zero-filled: rows that no sequence writes (beyond seqused, beyond
 //       cu_seqlens[-1]) stay 0, as in FlashAttention-3. dlse comes last (optional) so that the
 //       other arguments keep FlashAttention-3's varlen backward order.
+//   flash3::combine(out_partial, lse_partial, out, softmax_lse) -> ()
+//       split-KV combine (FlashAttention-3's fwd_combine), writing out and softmax_lse in place
+//       (flash3.flash_attn_combine allocates them, FlashAttention-3's out=None / out_dtype
+//       semantics): out_partial (num_splits, batch, seqlen, heads, head_dim) fp32, lse_partial
+//       (num_splits, batch, seqlen, heads) fp32 -> out (batch, seqlen, heads, head_dim) fp32 /
+//       fp16 / bf16 and softmax_lse (batch, seqlen, heads) fp32, any strides. Any head_dim in
+//       [1, 256]: the library's kernel needs a multiple of 4, so other head dims are padded here
+//       (as FlashAttention-3 does).
 //
 // Kernels registered here:
 //   CUDA      the real implementation: checks every argument (raising ValueError / TypeError /
@@ -48,6 +56,9 @@
 //   pack_gqa       forward ops only: -1 heuristic, 0 off, 1 on (AttentionOptions::pack_gqa; any
 //                  other value: ValueError); the results do not depend on it. The backward ops
 //                  take no pack_gqa (the library's backward never packs).
+//   num_splits     forward ops only: 1 no split (default), 0 heuristic, n in [2, 256] at most n
+//                  KV splits (AttentionOptions::num_splits; other values: ValueError); the
+//                  results do not depend on it beyond fp32 rounding. The backward ignores it.
 //
 // The C++ library itself (libflash3.so) knows nothing about torch; this file is the only
 // place the two meet.
@@ -152,6 +163,17 @@ void check_cuda(const Tensor& t, const char* name) {
 
 void check_same_device(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
   if (!(t.device() == ref.device())) value_error("flash3: ", name, " is on device '", t.device().str(), "' but ", ref_name, " is on device '", ref.device().str(), "'; expected all tensors on the same CUDA device");
+}
+
+struct NamedTensor {
+  const Tensor& t;
+  const char* name;
+};
+
+// Each of ts a CUDA tensor, then each on ref's device (ref itself is checked by the caller).
+void check_cuda_on_device_of(std::initializer_list<NamedTensor> ts, const Tensor& ref, const char* ref_name) {
+  for (const NamedTensor& a : ts) check_cuda(a.t, a.name);
+  for (const NamedTensor& a : ts) check_same_device(a.t, a.name, ref, ref_name);
 }
 
 void check_dtype_q(const Tensor& q) {
@@ -308,12 +330,7 @@ std::string dims_str(std::initializer_list<int64_t> dims) {
 // the library).
 void check_varlen_backward_tensors(const Tensor& dout, const Tensor& q, const Tensor& v, const Tensor& out,
                                    const Tensor& lse, const std::optional<Tensor>& dlse) {
-  check_cuda(dout, "dout");
-  check_cuda(out, "out");
-  check_cuda(lse, "softmax_lse");
-  check_same_device(dout, "dout", q, "q");
-  check_same_device(out, "out", q, "q");
-  check_same_device(lse, "softmax_lse", q, "q");
+  check_cuda_on_device_of({{dout, "dout"}, {out, "out"}, {lse, "softmax_lse"}}, q, "q");
   check_same_dtype(dout, "dout", q);
   check_same_dtype(out, "out", q);
   if (!(lse.scalar_type() == at::kFloat)) type_error("flash3: softmax_lse.dtype is ", dtype_str(lse.scalar_type()), "; expected torch.float32");
@@ -361,6 +378,14 @@ void check_pack_gqa(int64_t pack_gqa) {
     value_error("flash3: pack_gqa is ", pack_gqa, "; expected -1 (heuristic), 0 (off) or 1 (on)");
 }
 
+// opts.num_splits's values, checked like pack_gqa before anything is allocated (the fake
+// implementations raise the same message).
+void check_num_splits(int64_t num_splits) {
+  if (!(num_splits >= 0 && num_splits <= 256))
+    value_error("flash3: num_splits is ", num_splits, "; expected 0 (heuristic), 1 (no split) or n in [2, 256] "
+                "(at most n KV splits)");
+}
+
 // A Python int window side as the int of flash3::AttentionOptions: negative -> -1
 // (unbounded); above INT32_MAX -> INT32_MAX, which the library treats as unbounded as well
 // (any side >= seqlen - 1 cuts nothing).
@@ -390,7 +415,7 @@ flash3::TensorView view(const Tensor& t) {
   if (!t.defined()) return v;
   v.dtype = to_f3(t.scalar_type());
   v.ndim = static_cast<int>(t.dim());
-  for (int i = 0; i < v.ndim && i < 4; ++i) {
+  for (int i = 0; i < v.ndim && i < flash3::kMaxTensorDims; ++i) {
     v.shape[i] = t.size(i);
     v.stride[i] = t.stride(i);
   }
@@ -476,11 +501,13 @@ Workspace caching_workspace(size_t bytes, const Tensor& like) {
 // ---------------------------------------------------------------------------
 std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                    int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
+                                    int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa,
+                                    int64_t num_splits) {
   check_forward_inputs(q, k, v);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
   check_pack_gqa(pack_gqa);
+  check_num_splits(num_splits);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
   Tensor out = at::empty({b, sq, hq, dv}, q.options());
@@ -494,6 +521,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
   args.lse = view(lse);
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
   args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
+  args.opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
   // The persistent causal kernels' tile counter (most calls need none).
   const Workspace ws = caching_workspace(flash3::forward_workspace_size(args), q);
@@ -544,12 +572,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout_in, const Tensor&
   check_forward_inputs(q, k, v);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
-  check_cuda(dout_in, "dout");
-  check_cuda(out, "out");
-  check_cuda(lse, "softmax_lse");
-  check_same_device(dout_in, "dout", q, "q");
-  check_same_device(out, "out", q, "q");
-  check_same_device(lse, "softmax_lse", q, "q");
+  check_cuda_on_device_of({{dout_in, "dout"}, {out, "out"}, {lse, "softmax_lse"}}, q, "q");
   check_same_dtype(dout_in, "dout", q);
   check_same_dtype(out, "out", q);
   if (!(lse.scalar_type() == at::kFloat)) type_error("flash3: softmax_lse.dtype is ", dtype_str(lse.scalar_type()), "; expected torch.float32");
@@ -579,11 +602,12 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
                                            const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                            int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                                            int64_t window_left, int64_t window_right, double softcap,
-                                           bool deterministic, int64_t pack_gqa) {
+                                           bool deterministic, int64_t pack_gqa, int64_t num_splits) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
   check_pack_gqa(pack_gqa);
+  check_num_splits(num_splits);
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t total_q = q.size(0), hq = q.size(1), dv = v.size(2);
   // Rows that no sequence covers (beyond seqused, beyond cu_seqlens_q[-1]) are not written and
@@ -600,6 +624,7 @@ std::tuple<Tensor, Tensor> varlen_fwd_cuda(const Tensor& q, const Tensor& k, con
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
   set_varlen_opts(&args.opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
+  args.opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
   if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store
   // The per-sequence tensor maps and tile map (sized from the shapes, num_sequences and
   // max_seqlen_*, never from values on the device).
@@ -637,9 +662,81 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
   return run_backward(q, k, v, out_k, dout, lse_k, dlse, opts, /*zero_grads=*/true, "varlen backward");
 }
 
+// ---------------------------------------------------------------------------
+// Split-KV combine.
+// ---------------------------------------------------------------------------
+// The shared checks of combine's CUDA and CPU kernels and its fake implementation (which
+// raises the same messages): devices, dtypes, ranks and shapes.
+void check_combine_inputs(const Tensor& out_partial, const Tensor& lse_partial, const Tensor& out,
+                          const Tensor& softmax_lse) {
+  check_cuda(out_partial, "out_partial");
+  check_cuda_on_device_of({{lse_partial, "lse_partial"}, {out, "out"}, {softmax_lse, "softmax_lse"}}, out_partial,
+                          "out_partial");
+  if (!(out_partial.scalar_type() == at::kFloat)) type_error("flash3: out_partial.dtype is ", dtype_str(out_partial.scalar_type()), "; expected torch.float32 (the split-KV partials are fp32)");
+  if (!(lse_partial.scalar_type() == at::kFloat)) type_error("flash3: lse_partial.dtype is ", dtype_str(lse_partial.scalar_type()), "; expected torch.float32");
+  const auto odt = out.scalar_type();
+  if (!(odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16)) type_error("flash3: out.dtype is ", dtype_str(odt), "; expected torch.float32, torch.float16 or torch.bfloat16");
+  if (!(softmax_lse.scalar_type() == at::kFloat)) type_error("flash3: softmax_lse.dtype is ", dtype_str(softmax_lse.scalar_type()), "; expected torch.float32");
+  if (!(out_partial.dim() == 5)) value_error("flash3: out_partial has ", out_partial.dim(), " dimensions (shape ", shape_str(out_partial), "); expected a 5-d tensor (num_splits, batch, seqlen, num_heads, head_dim)");
+  const int64_t ns = out_partial.size(0), b = out_partial.size(1), sq = out_partial.size(2), h = out_partial.size(3),
+                d = out_partial.size(4);
+  if (!(ns >= 1 && ns <= 256)) value_error("flash3: out_partial.shape[0] (num_splits) is ", ns, "; expected 1 to 256");
+  if (!(d >= 1 && d <= 256)) value_error("flash3: out_partial.shape[4] (head_dim) is ", d, "; expected 1 to 256");
+  const auto want_lp = std::vector<int64_t>{ns, b, sq, h};
+  if (!(lse_partial.sizes() == at::IntArrayRef(want_lp))) value_error("flash3: lse_partial has shape ", shape_str(lse_partial), "; expected ", c10::IntArrayRef(want_lp), " (num_splits, batch, seqlen, num_heads) to match out_partial ", shape_str(out_partial));
+  const auto want_o = std::vector<int64_t>{b, sq, h, d};
+  if (!(out.sizes() == at::IntArrayRef(want_o))) value_error("flash3: out has shape ", shape_str(out), "; expected ", c10::IntArrayRef(want_o), " (batch, seqlen, num_heads, head_dim) to match out_partial ", shape_str(out_partial));
+  const auto want_l = std::vector<int64_t>{b, sq, h};
+  if (!(softmax_lse.sizes() == at::IntArrayRef(want_l))) value_error("flash3: softmax_lse has shape ", shape_str(softmax_lse), "; expected ", c10::IntArrayRef(want_l), " (batch, seqlen, num_heads) to match out_partial ", shape_str(out_partial));
+}
+
+// Whether the library's combine reads t (out_partial) as is: unit head_dim stride, head_dim a
+// multiple of 4, the other strides multiples of 4 elements, 16-byte aligned data.
+bool combine_readable(const Tensor& t) {
+  if (t.size(-1) % 4 != 0 || (t.size(-1) > 1 && t.stride(-1) != 1)) return false;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    if (t.size(i) > 1 && t.stride(i) % 4 != 0) return false;
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// flash3::combine into `out` and `softmax_lse` (written in place; FlashAttention-3's
+// fwd_combine semantics). What the library does not take as is gets a temporary: out_partial
+// with a head_dim that is not a multiple of 4 is zero-padded (as FlashAttention-3 does), one
+// with other strides is copied; out is written through a temporary when its head_dim is padded
+// or not contiguous. Every check here precedes the first allocation; the library's own (strides,
+// outputs overlapping the inputs or each other) raise ValueError before anything is launched.
+void combine_cuda(const Tensor& out_partial, const Tensor& lse_partial, const Tensor& out, const Tensor& softmax_lse) {
+  check_combine_inputs(out_partial, lse_partial, out, softmax_lse);
+  const c10::cuda::CUDAGuard guard(out_partial.device());
+  if (out.numel() == 0 && softmax_lse.numel() == 0) return;
+  const int64_t d = out_partial.size(4), d4 = (d + 3) / 4 * 4;
+  Tensor op = out_partial;
+  if (!combine_readable(op)) {
+    if (d4 != d) {
+      auto sizes = op.sizes().vec();
+      sizes[4] = d4;
+      Tensor padded = at::zeros(sizes, op.options());
+      padded.narrow(4, 0, d).copy_(op);
+      op = padded;
+    } else {
+      op = op.contiguous();
+    }
+  }
+  const bool direct_out = d4 == d && (d == 1 || out.stride(-1) == 1);
+  Tensor o = direct_out ? out : at::empty({out.size(0), out.size(1), out.size(2), d4}, out.options());
+  flash3::CombineArgs args;
+  args.out_partial = view(op);
+  args.lse_partial = view(lse_partial);
+  args.out = view(o);
+  args.lse = view(softmax_lse);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(out_partial.get_device()).stream();
+  throw_if_error(flash3::combine(args, stream), "combine");
+  if (!direct_out) out.copy_(o.narrow(3, 0, d));
+}
+
 // CPU "kernels": only reached when every tensor argument is on the CPU.
 std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double>, bool,
-                                   int64_t, int64_t, double, bool, int64_t) {
+                                   int64_t, int64_t, double, bool, int64_t, int64_t) {
   check_forward_inputs(q, k, v);  // raises for the first CPU tensor
   runtime_error("flash3: unreachable");
   return {};
@@ -658,10 +755,15 @@ std::tuple<Tensor, Tensor> varlen_fwd_cpu(const Tensor& q, const Tensor& k, cons
                                           const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_q,
                                           const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                           int64_t max_seqlen_k, std::optional<double>, bool, int64_t, int64_t, double,
-                                          bool, int64_t) {
+                                          bool, int64_t, int64_t) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   runtime_error("flash3: unreachable");
   return {};
+}
+
+void combine_cpu(const Tensor& out_partial, const Tensor& lse_partial, const Tensor& out, const Tensor& softmax_lse) {
+  check_combine_inputs(out_partial, lse_partial, out, softmax_lse);  // raises for the first CPU tensor
+  runtime_error("flash3: unreachable");
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cpu(
@@ -684,14 +786,15 @@ using torch::autograd::variable_list;
 std::tuple<Tensor, Tensor> call_fwd_below_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                    std::optional<double> softmax_scale, bool causal,
                                                    int64_t window_left, int64_t window_right, double softcap,
-                                                   bool deterministic, int64_t pack_gqa) {
+                                                   bool deterministic, int64_t pack_gqa, int64_t num_splits) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::fwd", "")
                        .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                          std::optional<double>, bool, int64_t, int64_t, double, bool,
-                                                         int64_t)>();
+                                                         int64_t, int64_t)>();
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op.call(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic, pack_gqa);
+  return op.call(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic, pack_gqa,
+                 num_splits);
 }
 
 std::tuple<Tensor, Tensor, Tensor> call_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -711,9 +814,10 @@ class FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                               int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
+                               int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa,
+                               int64_t num_splits) {
     auto [out, lse] = call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              deterministic, pack_gqa);
+                                              deterministic, pack_gqa, num_splits);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["has_scale"] = softmax_scale.has_value();
     ctx->saved_data["scale"] = softmax_scale.value_or(0.0);
@@ -741,21 +845,22 @@ class FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
     auto [dq, dk, dv] = call_bwd(dout, q, k, v, out, lse, dlse_opt, scale, ctx->saved_data["causal"].toBool(),
                                  ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
                                  ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool());
-    // No pack_gqa for the backward: it never packs.
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    // No pack_gqa / num_splits for the backward: forward-only options.
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                        int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa) {
+                                        int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa,
+                                        int64_t num_splits) {
   const bool needs_grad =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!needs_grad)  // inference: no autograd node at all
     return call_fwd_below_autograd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                                   pack_gqa);
+                                   pack_gqa, num_splits);
   auto r = FlashAttnFunction::apply(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                                    pack_gqa);
+                                    pack_gqa, num_splits);
   return {r[0], r[1]};
 }
 
@@ -765,16 +870,16 @@ std::tuple<Tensor, Tensor> call_varlen_fwd_below_autograd(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-    double softcap, bool deterministic, int64_t pack_gqa) {
+    double softcap, bool deterministic, int64_t pack_gqa, int64_t num_splits) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::varlen_fwd", "")
                        .typed<std::tuple<Tensor, Tensor>(
                            const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const std::optional<Tensor>&, const std::optional<Tensor>&, int64_t, int64_t,
-                           std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t)>();
+                           std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t, int64_t)>();
   at::AutoDispatchBelowADInplaceOrView guard;
   return op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                 causal, window_left, window_right, softcap, deterministic, pack_gqa);
+                 causal, window_left, window_right, softcap, deterministic, pack_gqa, num_splits);
 }
 
 std::tuple<Tensor, Tensor, Tensor> call_varlen_bwd(
@@ -801,10 +906,10 @@ class VarlenFlashAttnFunction : public torch::autograd::Function<VarlenFlashAttn
                                const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
                                int64_t max_seqlen_q, int64_t max_seqlen_k, std::optional<double> softmax_scale,
                                bool causal, int64_t window_left, int64_t window_right, double softcap,
-                               bool deterministic, int64_t pack_gqa) {
+                               bool deterministic, int64_t pack_gqa, int64_t num_splits) {
     auto [out, lse] = call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                                      max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                                     window_right, softcap, deterministic, pack_gqa);
+                                                     window_right, softcap, deterministic, pack_gqa, num_splits);
     // seqused_* may be None: saved as undefined tensors.
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q.value_or(Tensor()),
                             seqused_k.value_or(Tensor())});
@@ -838,9 +943,9 @@ class VarlenFlashAttnFunction : public torch::autograd::Function<VarlenFlashAttn
         ctx->saved_data["max_seqlen_q"].toInt(), ctx->saved_data["max_seqlen_k"].toInt(), scale,
         ctx->saved_data["causal"].toBool(), ctx->saved_data["wl"].toInt(), ctx->saved_data["wr"].toInt(),
         ctx->saved_data["softcap"].toDouble(), ctx->saved_data["deterministic"].toBool(), dlse);
-    // No gradient for cu_seqlens_*, seqused_* and the non-tensor arguments (pack_gqa included:
-    // the backward never packs).
-    variable_list grad_inputs(16);
+    // No gradient for cu_seqlens_*, seqused_* and the non-tensor arguments (pack_gqa and
+    // num_splits included: forward-only options).
+    variable_list grad_inputs(17);
     grad_inputs[0] = dq;
     grad_inputs[1] = dk;
     grad_inputs[2] = dv;
@@ -854,16 +959,16 @@ std::tuple<Tensor, Tensor> varlen_fwd_autograd(const Tensor& q, const Tensor& k,
                                                const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                                int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               bool deterministic, int64_t pack_gqa) {
+                                               bool deterministic, int64_t pack_gqa, int64_t num_splits) {
   const bool needs_grad =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!needs_grad)
     return call_varlen_fwd_below_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                           max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic, pack_gqa);
+                                          deterministic, pack_gqa, num_splits);
   auto r = VarlenFlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                                           max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                                          deterministic, pack_gqa);
+                                          deterministic, pack_gqa, num_splits);
   return {r[0], r[1]};
 }
 
@@ -930,7 +1035,7 @@ TORCH_LIBRARY(flash3, m) {
   m.set_python_module("flash3.flash_attn_interface");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, int window_left=-1, "
-      "int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1) "
+      "int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1, int num_splits=1) "
       "-> (Tensor out, Tensor softmax_lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? dlse=None, "
@@ -939,13 +1044,16 @@ TORCH_LIBRARY(flash3, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
       "Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1) "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False, int pack_gqa=-1, "
+      "int num_splits=1) "
       "-> (Tensor out, Tensor softmax_lse)");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False, Tensor? dlse=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // Writes out and softmax_lse in place (flash3.flash_attn_combine allocates them).
+  m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out, Tensor(b!) softmax_lse) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
@@ -953,6 +1061,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("bwd", &bwd_cuda);
   m.impl("varlen_fwd", &varlen_fwd_cuda);
   m.impl("varlen_bwd", &varlen_bwd_cuda);
+  m.impl("combine", &combine_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
@@ -960,6 +1069,7 @@ TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("bwd", &bwd_cpu);
   m.impl("varlen_fwd", &varlen_fwd_cpu);
   m.impl("varlen_bwd", &varlen_bwd_cpu);
+  m.impl("combine", &combine_cpu);
 }
 
 TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
@@ -968,7 +1078,7 @@ TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd)";
+  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd / combine)";
   mod.def("version", [] { return std::string(flash3::version()); });
   mod.def("forward_is_built", &py_forward_is_built, "whether a forward kernel for (dtype, head_dim, head_dim_v) is built");
   mod.def("backward_is_built", &py_backward_is_built, "whether a backward kernel for (dtype, head_dim, head_dim_v) is built");

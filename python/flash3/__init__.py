@@ -4,10 +4,11 @@
     out = flash_attn_func(q, k, v, causal=True)  # q, k, v: (batch, seqlen, heads, head_dim) fp16/bf16 CUDA
 
 Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3.fwd,
-torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd and torch.ops.flash3.varlen_bwd (CUDA
-kernels and autograd in C++), and flash3.flash_attn_interface, which registers their fake
-implementations for torch.compile. flash3.flash_attn_varlen_func is the variable-length
-(cu_seqlens) attention, differentiable like flash_attn_func.
+torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd, torch.ops.flash3.varlen_bwd and
+torch.ops.flash3.combine (CUDA kernels and autograd in C++), and flash3.flash_attn_interface,
+which registers their fake implementations for torch.compile. flash3.flash_attn_varlen_func is
+the variable-length (cu_seqlens) attention, differentiable like flash_attn_func;
+flash3.flash_attn_combine merges split-KV partial results (FlashAttention-3's).
 """
 import torch  # noqa: F401  (loads libtorch / libc10_cuda / libcudart before the extension)
 
@@ -15,6 +16,7 @@ from . import _C  # noqa: F401  (registers torch.ops.flash3.*)
 from .flash_attn_interface import (  # noqa: F401
     backward_is_built,
     device_is_supported,
+    flash_attn_combine,
     flash_attn_func,
     flash_attn_varlen_func,
     forward_is_built,
@@ -25,6 +27,7 @@ __version__ = _C.version()
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_combine",
     "forward_is_built",
     "backward_is_built",
     "device_is_supported",

@@ -8,21 +8,24 @@ Swapping the import is enough::
 The work is done by three operators registered by the C++ extension ``flash3._C``:
 
 * ``torch.ops.flash3.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-  deterministic, pack_gqa=-1) -> (out, softmax_lse)``
+  deterministic, pack_gqa=-1, num_splits=1) -> (out, softmax_lse)``
 * ``torch.ops.flash3.bwd(dout, q, k, v, out, softmax_lse, dlse, softmax_scale, causal, window_left,
   window_right, softcap, deterministic) -> (dq, dk, dv)``
 * ``torch.ops.flash3.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
   max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-  deterministic, pack_gqa=-1) -> (out, softmax_lse)`` (variable length)
+  deterministic, pack_gqa=-1, num_splits=1) -> (out, softmax_lse)`` (variable length)
 * ``torch.ops.flash3.varlen_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
   seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
   window_right, softcap, deterministic, dlse=None) -> (dq, dk, dv)`` (variable length; dq / dk / dv
   are 0 in the rows no sequence covers)
+* ``torch.ops.flash3.combine(out_partial, lse_partial, out, softmax_lse) -> ()`` (split-KV
+  combine, writes out and softmax_lse in place; ``flash_attn_combine`` allocates them)
 
 Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd``,
 ``varlen_fwd``'s calls ``varlen_bwd``) are C++; this module adds their fake (meta)
 implementations, so ``torch.compile(fullgraph=True)`` traces them (forward and backward) without
-graph breaks, and the Python entry points ``flash_attn_func`` and ``flash_attn_varlen_func``.
+graph breaks, and the Python entry points ``flash_attn_func``, ``flash_attn_varlen_func`` and
+``flash_attn_combine``.
 """
 import math
 import struct
@@ -32,13 +35,14 @@ import torch
 
 from . import _C
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "forward_is_built", "backward_is_built",
-           "device_is_supported"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_combine", "forward_is_built",
+           "backward_is_built", "device_is_supported"]
 
 _fwd = torch.ops.flash3.fwd.default
 _bwd = torch.ops.flash3.bwd.default
 _varlen_fwd = torch.ops.flash3.varlen_fwd.default
 _varlen_bwd = torch.ops.flash3.varlen_bwd.default
+_combine = torch.ops.flash3.combine.default
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -312,6 +316,18 @@ def _check_pack_gqa(pack_gqa):
         raise ValueError(f"flash3: pack_gqa is {pack_gqa}; expected -1 (heuristic), 0 (off) or 1 (on)")
 
 
+def _check_num_splits(num_splits):
+    """The binding's check of the operators' int num_splits (the fake implementations run it when
+    traced, flash_attn_func / flash_attn_varlen_func before anything is allocated): 1 no split,
+    0 heuristic, n in [2, 256] at most n KV splits."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"flash3: num_splits is {num_splits!r} ({type(num_splits).__name__}); expected an int")
+    if not 0 <= num_splits <= 256:
+        raise ValueError(f"flash3: num_splits is {num_splits}; expected 0 (heuristic), 1 (no split) or n in "
+                         "[2, 256] (at most n KV splits)")
+    return num_splits
+
+
 def _pack_gqa_arg(pack_gqa):
     """flash_attn_func's / flash_attn_varlen_func's pack_gqa (FlashAttention-3's Optional[bool]) as
     the operators' int: None -> -1 (heuristic), True (or 1) -> 1, False (or 0) -> 0."""
@@ -328,11 +344,12 @@ def _pack_gqa_arg(pack_gqa):
 # ---------------------------------------------------------------------------
 @torch.library.register_fake("flash3::fwd")
 def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-              deterministic=False, pack_gqa=-1):
+              deterministic=False, pack_gqa=-1, num_splits=1):
     _check_forward_inputs(q, k, v)
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
     _check_pack_gqa(pack_gqa)
+    _check_num_splits(num_splits)
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
     out = q.new_empty((b, sq, hq, dv))
@@ -352,11 +369,12 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, dlse=None, softmax_scale=None, ca
 @torch.library.register_fake("flash3::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                     deterministic=False, pack_gqa=-1):
+                     deterministic=False, pack_gqa=-1, num_splits=1):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
     _check_pack_gqa(pack_gqa)
+    _check_num_splits(num_splits)
     total_q, hq, _ = q.shape
     dv = v.shape[2]
     out = q.new_empty((total_q, hq, dv))
@@ -373,6 +391,53 @@ def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k
     _check_varlen_backward_tensors(dout, q, v, out, softmax_lse, dlse)
     _check_softcap(softcap)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_combine_inputs(out_partial, lse_partial, out, softmax_lse):
+    """The binding's checks of torch.ops.flash3.combine (same messages): devices, dtypes, ranks,
+    shapes, num_splits and head_dim ranges."""
+    names = (("out_partial", out_partial), ("lse_partial", lse_partial), ("out", out),
+             ("softmax_lse", softmax_lse))
+    for name, t in names:
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+    for name, t in names[1:]:
+        if t.device != out_partial.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but out_partial is on device "
+                             f"'{out_partial.device}'; expected all tensors on the same CUDA device")
+    if out_partial.dtype != torch.float32:
+        raise TypeError(f"flash3: out_partial.dtype is {out_partial.dtype}; expected torch.float32 (the split-KV "
+                        "partials are fp32)")
+    if lse_partial.dtype != torch.float32:
+        raise TypeError(f"flash3: lse_partial.dtype is {lse_partial.dtype}; expected torch.float32")
+    if out.dtype not in _COMBINE_OUT_DTYPES:
+        raise TypeError(f"flash3: out.dtype is {out.dtype}; expected torch.float32, torch.float16 or torch.bfloat16")
+    if softmax_lse.dtype != torch.float32:
+        raise TypeError(f"flash3: softmax_lse.dtype is {softmax_lse.dtype}; expected torch.float32")
+    if out_partial.dim() != 5:
+        raise ValueError(f"flash3: out_partial has {out_partial.dim()} dimensions (shape "
+                         f"{_shape_str(out_partial.shape)}); expected a 5-d tensor (num_splits, batch, seqlen, "
+                         "num_heads, head_dim)")
+    ns, b, s, h, d = out_partial.shape
+    if not 1 <= ns <= 256:
+        raise ValueError(f"flash3: out_partial.shape[0] (num_splits) is {ns}; expected 1 to 256")
+    if not 1 <= d <= 256:
+        raise ValueError(f"flash3: out_partial.shape[4] (head_dim) is {d}; expected 1 to 256")
+    for name, t, want, layout in (("lse_partial", lse_partial, (ns, b, s, h), "(num_splits, batch, seqlen, num_heads)"),
+                                  ("out", out, (b, s, h, d), "(batch, seqlen, num_heads, head_dim)"),
+                                  ("softmax_lse", softmax_lse, (b, s, h), "(batch, seqlen, num_heads)")):
+        if tuple(t.shape) != want:
+            raise ValueError(f"flash3: {name} has shape {_shape_str(t.shape)}; expected {list(want)} {layout} to "
+                             f"match out_partial {_shape_str(out_partial.shape)}")
+
+
+@torch.library.register_fake("flash3::combine")
+def _combine_fake(out_partial, lse_partial, out, softmax_lse):
+    _check_combine_inputs(out_partial, lse_partial, out, softmax_lse)
 
 
 # ---------------------------------------------------------------------------
@@ -462,8 +527,17 @@ def flash_attn_func(
             NaN values (after rounding to float32) raise ValueError. A build configured without
             the softcap kernels (CMake FLASH3_FEATURES without "softcap") raises
             NotImplementedError for softcap > 0.
-        num_splits, sm_margin: FlashAttention-3 performance hints; accepted and ignored (flash3
-            does not split the key sequence and uses every SM).
+        num_splits: split-KV, as in FlashAttention-3 (forward only): the key/value range of each
+            query tile is split over num_splits thread blocks, whose fp32 partial outputs a
+            combine kernel then merges; this fills the GPU when there are few query tiles
+            (decode-like calls: short seqlen_q, long seqlen_k). 1 (the default): no split; 0: a
+            heuristic decides (splits where that fills the SMs); n in [2, 256]: at most n splits
+            (fewer when there are fewer key blocks). Only the speed depends on it (and fp32
+            rounding): where no split-capable kernel is built (softcap > 0, a build without the
+            packgqa kernels) the unsplit kernel runs. Other ints raise ValueError, other types
+            TypeError. The backward ignores it.
+        sm_margin: FlashAttention-3 performance hint; accepted and ignored (flash3 uses every
+            SM).
         pack_gqa: PackGQA, FlashAttention-3's forward option for GQA/MQA (num_heads_q >
             num_heads_kv): the query heads that share a KV head are packed into one tile, so each
             K/V tile is loaded once per group. None (the default) lets a heuristic decide (it packs
@@ -489,7 +563,7 @@ def flash_attn_func(
             contiguous, an unsupported head dim, a negative / infinite / NaN softmax_scale or
             softcap.
         TypeError: a dtype other than float16/bfloat16, or q/k/v dtypes that differ; a pack_gqa
-            other than None, True or False.
+            other than None, True or False; a num_splits that is not an int.
         NotImplementedError: a feature flash3 does not have yet (qv, FP8 descales,
             attention_chunk; a non-Hopper GPU), softcap > 0 in a build without the softcap
             kernels.
@@ -500,7 +574,7 @@ def flash_attn_func(
         softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                    _pack_gqa_arg(pack_gqa))
+                    _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
     if return_attn_probs or return_lse:
         return out, lse
     return out
@@ -558,8 +632,8 @@ def flash_attn_varlen_func(
         attention_chunk: must be 0 (NotImplementedError otherwise).
         pack_gqa: as in flash_attn_func (None: the heuristic, which packs every GQA/MQA varlen
             call; True / False; the results do not depend on it).
-        num_splits, sm_margin: FlashAttention-3 performance hints; accepted and ignored, as in
-            flash_attn_func.
+        num_splits: as in flash_attn_func (1: no split, 0: heuristic, n: at most n splits).
+        sm_margin: FlashAttention-3 performance hint; accepted and ignored, as in flash_attn_func.
         return_attn_probs: also return softmax_lse (the probabilities are never returned).
         return_lse: keyword-only alias of return_attn_probs.
 
@@ -599,7 +673,78 @@ def flash_attn_varlen_func(
     window_left, window_right = _window_sides(window_size)
     out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                           _pack_gqa_arg(pack_gqa))
+                           _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
     if return_attn_probs or return_lse:
         return out, lse
     return out
+
+
+def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[torch.Tensor] = None,
+                       out_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merges the partial results of a split-KV attention (FlashAttention-3's flash_attn_combine).
+
+    Each of num_splits splits attended to a part of the keys and produced an fp32 partial
+    output and logsumexp; per row (batch, seqlen, head):
+        softmax_lse = log(sum_s exp(lse_partial[s])),
+        out = sum_s exp(lse_partial[s] - softmax_lse) * out_partial[s].
+    A split whose lse is -inf (no visible key) weighs 0 and its out_partial is not read (it may
+    hold anything, NaN included); a row with every split at -inf gets out = 0 and
+    softmax_lse = -inf (never NaN).
+
+    Arguments:
+        out_partial: (num_splits, batch, seqlen, num_heads, head_dim) torch.float32 CUDA tensor,
+            num_splits in [1, 256], head_dim in [1, 256]. Any strides (copied or zero-padded to a
+            multiple of 4 in head_dim where the kernel cannot read it as is, as FlashAttention-3
+            pads).
+        lse_partial: (num_splits, batch, seqlen, num_heads) torch.float32 (natural log), any
+            strides.
+        out: optional (batch, seqlen, num_heads, head_dim) output, written in place and
+            returned; its dtype must be out_dtype's. It must not overlap the inputs.
+        out_dtype: torch.float32 (the default: out_partial's dtype, as in FlashAttention-3),
+            torch.float16 or torch.bfloat16.
+
+    Returns:
+        (out, softmax_lse): out (batch, seqlen, num_heads, head_dim) in out_dtype; softmax_lse
+        (batch, seqlen, num_heads) torch.float32, a transposed view of a (batch, num_heads,
+        seqlen) tensor (FlashAttention-3's layout).
+
+    Raises (before anything is launched): ValueError (a CPU tensor, mismatched devices or shapes,
+    num_splits or head_dim out of range, out overlapping the inputs), TypeError (dtypes).
+    """
+    if not isinstance(out_partial, torch.Tensor) or out_partial.dim() != 5:
+        shape = _shape_str(out_partial.shape) if isinstance(out_partial, torch.Tensor) else repr(out_partial)
+        raise ValueError(f"flash3: out_partial has shape {shape}; expected a 5-d tensor (num_splits, batch, "
+                         "seqlen, num_heads, head_dim)")
+    if out_dtype is None:
+        out_dtype = out_partial.dtype
+    if out_dtype not in _COMBINE_OUT_DTYPES:
+        raise TypeError(f"flash3: out_dtype is {out_dtype}; expected torch.float32, torch.float16 or "
+                        "torch.bfloat16")
+    _, b, s, h, d = out_partial.shape
+    if out is None:
+        out = torch.empty((b, s, h, d), dtype=out_dtype, device=out_partial.device)
+    elif out.dtype != out_dtype:
+        raise TypeError(f"flash3: out.dtype is {out.dtype}; expected {out_dtype} (out_dtype, which defaults to "
+                        "out_partial.dtype, torch.float32)")
+    # An out that shares memory with an input is refused here: the op declares out as its only
+    # mutated argument, and torch's dispatcher must not see it alias another argument.
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if isinstance(t, torch.Tensor) and _byte_ranges_overlap(out, t):
+            raise ValueError(f"flash3: out (data {out.data_ptr():#x}, shape {_shape_str(out.shape)}) overlaps {name} "
+                             f"(data {t.data_ptr():#x}, shape {_shape_str(t.shape)}); expected out to have memory "
+                             "of its own")
+    softmax_lse = torch.empty((b, h, s), dtype=torch.float32, device=out_partial.device).transpose(1, 2)
+    _combine(out_partial, lse_partial, out, softmax_lse)
+    return out, softmax_lse
+
+
+def _byte_ranges_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges spanned by two strided tensors intersect (conservative)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+
+    def span(t):
+        last = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 1)
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1

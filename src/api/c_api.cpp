@@ -73,9 +73,42 @@ flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorV
   out->data = t->data;
   out->dtype = static_cast<flash3::DType>(t->dtype);
   out->ndim = t->ndim;
-  for (int i = 0; i < 4; ++i) {
+  // flash3_tensor has 4 dims, TensorView kMaxTensorDims: the rest stay 0.
+  for (int i = 0; i < flash3::kMaxTensorDims; ++i) {
     out->shape[i] = i < t->ndim ? t->shape[i] : 0;
     out->stride[i] = i < t->ndim ? t->stride[i] : 0;
+  }
+  return flash3::Status::Ok();
+}
+
+// flash3_combine's partials: a per-split view t (ndim dims, NULL: missing)
+// plus the split dimension in front, (num_splits, t...) with the given stride.
+// Errors name the C arguments.
+flash3::Status split_view(const flash3_tensor* t, const char* name, int ndim, int32_t num_splits, int64_t split_stride,
+                          flash3::TensorView* out) {
+  *out = flash3::TensorView{};
+  if (t == nullptr)
+    return flash3::Status::Invalid(std::string(name) + " is NULL; expected a " + std::to_string(ndim) +
+                                   "-d fp32 tensor (the view of split 0)");
+  flash3::TensorView v;
+  flash3::Status s = to_view(t, name, &v);
+  if (!s.ok()) return s;
+  if (v.ndim != ndim)
+    return flash3::Status::Invalid(std::string(name) + ".ndim is " + std::to_string(v.ndim) + "; expected " +
+                                   std::to_string(ndim) + " (the view of split 0; the split dimension is " +
+                                   "num_splits / " + name + "_split_stride)");
+  if (num_splits < 1 || num_splits > 256)
+    return flash3::Status::Invalid("num_splits is " + std::to_string(num_splits) + "; expected 1 to 256");
+  if (num_splits > 1 && split_stride < 0)
+    return flash3::Status::Invalid(std::string(name) + "_split_stride is " + std::to_string(split_stride) +
+                                   "; expected >= 0 (negative strides are not supported)");
+  *out = v;
+  out->ndim = ndim + 1;
+  out->shape[0] = num_splits;
+  out->stride[0] = split_stride;
+  for (int i = 0; i < ndim; ++i) {
+    out->shape[i + 1] = v.shape[i];
+    out->stride[i + 1] = v.stride[i];
   }
   return flash3::Status::Ok();
 }
@@ -84,13 +117,24 @@ flash3::Status to_view(const flash3_tensor* t, const char* name, flash3::TensorV
 // has the field iff its struct_size is at least this.
 #define FLASH3_OPTIONS_END(field) (offsetof(flash3_options, field) + sizeof(flash3_options::field))
 
-// struct_size values this library accepts: this header's size and that of
-// the layout before pack_gqa (ending at seqused_k), whose callers keep working;
-// the fields a smaller struct lacks are skipped below (has()) and keep their
+// sizeof() of the layout ending at pack_gqa: its end rounded up to the
+// struct's alignment (the pointers'), i.e. with the trailing padding that
+// num_splits now occupies.
+constexpr size_t kPackGqaLayoutSize =
+    (FLASH3_OPTIONS_END(pack_gqa) + alignof(flash3_options) - 1) / alignof(flash3_options) * alignof(flash3_options);
+static_assert(kPackGqaLayoutSize < sizeof(flash3_options),
+              "reserved0 must keep this header's size apart from the pack_gqa layout's");
+static_assert(FLASH3_OPTIONS_END(num_splits) <= kPackGqaLayoutSize,
+              "num_splits sits in the pack_gqa layout's padding: read it only from this header's size");
+
+// struct_size values this library accepts: this header's size and those of
+// the layouts before num_splits (ending at pack_gqa, padding included) and
+// before pack_gqa (ending at seqused_k), whose callers keep working; the
+// fields a smaller struct lacks are skipped below (has()) and keep their
 // defaults. The first layout (ending at max_seqlen_k) was replaced before
 // any release and stays rejected.
 bool accepted_options_size(uint32_t size) {
-  return size == sizeof(flash3_options) || size == FLASH3_OPTIONS_END(seqused_k);
+  return size == sizeof(flash3_options) || size == kPackGqaLayoutSize || size == FLASH3_OPTIONS_END(seqused_k);
 }
 
 // NULL -> the defaults. struct_size says which fields the caller's header had.
@@ -119,6 +163,9 @@ flash3::Status to_options(const flash3_options* o, flash3::AttentionOptions* r) 
   if (has(FLASH3_OPTIONS_END(seqused_q))) r->seqused_q = o->seqused_q;
   if (has(FLASH3_OPTIONS_END(seqused_k))) r->seqused_k = o->seqused_k;
   if (has(FLASH3_OPTIONS_END(pack_gqa))) r->pack_gqa = o->pack_gqa;
+  // Not has(END(num_splits)): the pack_gqa layout's size covers num_splits's
+  // bytes (its padding); only this header's size has the field.
+  if (has(FLASH3_OPTIONS_END(reserved0))) r->num_splits = o->num_splits;
   return flash3::Status::Ok();
 }
 
@@ -181,6 +228,8 @@ flash3_options flash3_default_options(void) {
   o.seqused_q = nullptr;
   o.seqused_k = nullptr;
   o.pack_gqa = -1;
+  o.num_splits = 1;
+  o.reserved0 = 0;
   return o;
 }
 
@@ -247,6 +296,22 @@ size_t flash3_backward_workspace_size(const flash3_tensor* q, const flash3_tenso
   } catch (...) {
     (void)report_exception("flash3_backward_workspace_size");
     return 0;
+  }
+}
+
+flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_partial_split_stride,
+                             const flash3_tensor* lse_partial, int64_t lse_partial_split_stride, int32_t num_splits,
+                             const flash3_tensor* out, const flash3_tensor* lse, void* stream) {
+  static const char* kWhere = "flash3_combine";
+  try {
+    flash3::CombineArgs a;
+    FLASH3_C_TRY(kWhere, split_view(out_partial, "out_partial", 4, num_splits, out_partial_split_stride, &a.out_partial));
+    FLASH3_C_TRY(kWhere, split_view(lse_partial, "lse_partial", 3, num_splits, lse_partial_split_stride, &a.lse_partial));
+    FLASH3_C_TRY(kWhere, to_view(out, "out", &a.out));
+    FLASH3_C_TRY(kWhere, to_view(lse, "lse", &a.lse));
+    return report(kWhere, flash3::combine(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
   }
 }
 

@@ -122,6 +122,7 @@ size_t forward_workspace_bytes_of(const ForwardArgs& args) {
   p.head_dim_v = static_cast<int>(v.shape[r + 2]);
   p.softcap = args.opts.softcap;
   p.pack_gqa = args.opts.pack_gqa;
+  p.num_splits = args.opts.num_splits;
   if (varlen) {
     if (p.batch <= 0) return 0;
     p.max_seqlen_q = args.opts.max_seqlen_q;
@@ -315,6 +316,21 @@ bool device_is_supported(std::string* why) {
     } catch (...) {
     }
     return false;
+  }
+}
+
+// Split-KV combine: validate, lower, launch (one launch whatever the size: the
+// kernel loops over rows in int64).
+Status combine(const CombineArgs& args, cudaStream_t stream) {
+  try {
+    FLASH3_RETURN_IF_ERROR(validate_combine(args));
+    if (combine_is_empty(args)) return Status::Ok();
+    if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    return launch_combine(make_combine_params(args), stream);
+  } catch (const std::exception& e) {
+    return internal_error("flash3::combine", e.what());
+  } catch (...) {
+    return internal_error("flash3::combine", "unknown");
   }
 }
 

@@ -31,7 +31,7 @@ TensorView TensorView::contiguous(void* data, DType dtype, int ndim, const int64
   t.data = data;
   t.dtype = dtype;
   t.ndim = ndim;  // kept as given (even out of range) so validation can report it
-  const int n = std::clamp(ndim, 0, 4);
+  const int n = std::clamp(ndim, 0, kMaxTensorDims);
   int64_t running = 1;
   for (int i = n - 1; i >= 0; --i) {
     t.shape[i] = shape ? shape[i] : 0;
@@ -67,7 +67,7 @@ TensorView TensorView::make3d(void* data, DType dtype, int64_t s0, int64_t s1, i
 // saturates at INT64_MAX.
 int64_t TensorView::numel() const {
   if (ndim <= 0) return data != nullptr && ndim == 0 ? 1 : 0;
-  const int n = std::min(ndim, 4);
+  const int n = std::min(ndim, kMaxTensorDims);
   for (int i = 0; i < n; ++i)
     if (shape[i] <= 0) return 0;
   int64_t total = 1;

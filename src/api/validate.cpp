@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/overlap.h"
+#include "combine/combine.h"
 #include "common/cuda_check.h"
 #include "launch/dispatch.h"
 
@@ -100,24 +101,104 @@ std::string layout(Role r, bool varlen) {
   return s + ")";
 }
 
-std::string dim_label(const Arg& a, bool varlen, int i) {
-  return std::string(a.name) + ".shape[" + std::to_string(i) + "] (" + dim_names(a.role, varlen)[i] + ")";
+// Dimension i of the tensor `name`, whose dims are named dims[0], dims[1], ...
+std::string dim_label(const char* name, const char* const* dims, int i) {
+  return std::string(name) + ".shape[" + std::to_string(i) + "] (" + dims[i] + ")";
 }
 
-std::string stride_label(const Arg& a, bool varlen, int i) {
-  return std::string(a.name) + ".stride[" + std::to_string(i) + "] (" + dim_names(a.role, varlen)[i] + ")";
+std::string stride_label(const char* name, const char* const* dims, int i) {
+  return std::string(name) + ".stride[" + std::to_string(i) + "] (" + dims[i] + ")";
 }
+
+std::string dim_label(const Arg& a, bool varlen, int i) { return dim_label(a.name, dim_names(a.role, varlen), i); }
+
+std::string stride_label(const Arg& a, bool varlen, int i) { return stride_label(a.name, dim_names(a.role, varlen), i); }
 
 std::string shape_str(const TensorView& t) {
   std::string s = "(";
-  for (int i = 0; i < t.ndim && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (int i = 0; i < t.ndim && i < kMaxTensorDims; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + ")";
 }
 
 std::string stride_str(const TensorView& t) {
   std::string s = "(";
-  for (int i = 0; i < t.ndim && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.stride[i]);
+  for (int i = 0; i < t.ndim && i < kMaxTensorDims; ++i) s += (i ? ", " : "") + std::to_string(t.stride[i]);
   return s + ")";
+}
+
+// ---------------------------------------------------------------------------
+// Layout checks shared by the attention and the combine tensors: `name` is the
+// argument, `dims` the names of its dimensions (for the messages). The stride
+// of a dimension of size 1 is never used: any value is accepted there.
+// ---------------------------------------------------------------------------
+Status check_strides_nonnegative(const char* name, const TensorView& t, const char* const* dims) {
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] > 1 && t.stride[i] < 0)
+      return Status::Invalid(stride_label(name, dims, i) + " is " + std::to_string(t.stride[i]) +
+                             "; expected >= 0 (negative strides are not supported)");
+  return Status::Ok();
+}
+
+Status check_last_contiguous(const char* name, const TensorView& t, const char* const* dims) {
+  const int last = t.ndim - 1;
+  if (t.shape[last] > 1 && t.stride[last] != 1)
+    return Status::Invalid(stride_label(name, dims, last) + " is " + std::to_string(t.stride[last]) + "; expected 1 (" +
+                           dims[last] + " must be contiguous)");
+  return Status::Ok();
+}
+
+// why: appended to the message (the rule behind the alignment, or "").
+Status check_aligned(const char* name, const TensorView& t, uintptr_t align, const char* why) {
+  if (reinterpret_cast<uintptr_t>(t.data) % align != 0)
+    return Status::Invalid(std::string(name) + ".data (" + fmt_ptr(t.data) + ") is not " + std::to_string(align) +
+                           "-byte aligned; expected a " + std::to_string(align) + "-byte aligned pointer" + why);
+  return Status::Ok();
+}
+
+// A written tensor: every element has its own memory.
+Status check_written_layout(const char* name, const TensorView& t, const char* const* dims) {
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.stride[i] == 0 && t.shape[i] > 1)
+      return Status::Invalid(stride_label(name, dims, i) + " is 0 while " + dim_label(name, dims, i) + " is " +
+                             std::to_string(t.shape[i]) + "; expected a non-zero stride (" + name +
+                             " is written and its elements must not overlap)");
+  if (self_overlaps(t))
+    return Status::Invalid(std::string(name) + " has shape " + shape_str(t) + " and strides " + stride_str(t) +
+                           ", whose elements overlap; expected a layout where every element has its own memory (" +
+                           name + " is written)");
+  return Status::Ok();
+}
+
+// The byte offset of the last element fits in int64 (the kernels' pointer arithmetic).
+Status check_span_fits(const char* name, const TensorView& t) {
+  if (t.numel() == 0) return Status::Ok();
+  const int esize = dtype_size(t.dtype);
+  int64_t off = 0, term = 0;
+  bool overflow = false;
+  for (int i = 0; i < t.ndim && !overflow; ++i) {
+    if (t.shape[i] <= 1) continue;
+    overflow = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &term) || __builtin_add_overflow(off, term, &off) ||
+               __builtin_mul_overflow(off, int64_t(esize), &term);
+  }
+  if (overflow)
+    return Status::Invalid(std::string(name) + ": the byte offset of its last element, sum((shape[i]-1)*stride[i]) * " +
+                           std::to_string(esize) + ", does not fit in int64; expected a tensor that fits in memory");
+  return Status::Ok();
+}
+
+// Outputs must not share memory with any other tensor of the call (inputs the
+// kernels read while they write, or other outputs). A: Arg or CombineArg.
+template <class A>
+Status check_no_alias(const A& out, std::initializer_list<const A*> others) {
+  for (const A* o : others) {
+    if (o->t->data == nullptr) continue;
+    if (views_overlap(*out.t, *o->t))
+      return Status::Invalid(std::string(out.name) + " (data " + fmt_ptr(out.t->data) + ", shape " + shape_str(*out.t) +
+                             ") overlaps " + o->name + " (data " + fmt_ptr(o->t->data) + ", shape " + shape_str(*o->t) +
+                             "); expected " + out.name + " to have memory of its own (it is written while " + o->name +
+                             (o->written ? " is written too)" : " is read)"));
+  }
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -170,6 +251,10 @@ Status check_options(const AttentionOptions& o) {
   if (o.pack_gqa < -1 || o.pack_gqa > 1)
     return Status::Invalid("opts.pack_gqa is " + std::to_string(o.pack_gqa) +
                            "; expected -1 (heuristic), 0 (off) or 1 (on)");
+  if (o.num_splits < 0 || o.num_splits > kMaxCombineSplits)
+    return Status::Invalid("opts.num_splits is " + std::to_string(o.num_splits) +
+                           "; expected 0 (heuristic), 1 (no split) or n in [2, " + std::to_string(kMaxCombineSplits) +
+                           "] (at most n KV splits)");
   return Status::Ok();
 }
 
@@ -293,18 +378,13 @@ Status check_lse_shape(const Arg& l, const Arg& q, bool varlen) {
   return Status::Ok();
 }
 
-// Strides and alignment (TMA's rules for the attention tensors). The stride
-// of a dimension of size 1 is never used: any value is accepted there.
+// Strides and alignment (TMA's rules for the attention tensors).
 Status check_layout(const Arg& a, bool varlen) {
   const TensorView& t = *a.t;
+  const char* const* dims = dim_names(a.role, varlen);
   const int last = t.ndim - 1;
-  for (int i = 0; i < t.ndim; ++i)
-    if (t.shape[i] > 1 && t.stride[i] < 0)
-      return Status::Invalid(stride_label(a, varlen, i) + " is " + std::to_string(t.stride[i]) +
-                             "; expected >= 0 (negative strides are not supported)");
-  if (t.shape[last] > 1 && t.stride[last] != 1)
-    return Status::Invalid(stride_label(a, varlen, last) + " is " + std::to_string(t.stride[last]) + "; expected 1 (" +
-                           dim_names(a.role, varlen)[last] + " must be contiguous)");
+  FLASH3_RETURN_IF_ERROR(check_strides_nonnegative(a.name, t, dims));
+  FLASH3_RETURN_IF_ERROR(check_last_contiguous(a.name, t, dims));
   const int esize = dtype_size(t.dtype);
   if (!is_lse(a.role) && esize > 0 && esize < 16) {
     const int64_t mult = 16 / esize;  // 8 elements for 16-bit types
@@ -318,50 +398,9 @@ Status check_layout(const Arg& a, bool varlen) {
                                std::to_string(kMaxTmaStrideBytes / esize) + " elements (2^40 bytes, TMA requirement)");
     }
   }
-  if (a.written) {
-    for (int i = 0; i < t.ndim; ++i)
-      if (t.stride[i] == 0 && t.shape[i] > 1)
-        return Status::Invalid(stride_label(a, varlen, i) + " is 0 while " + dim_label(a, varlen, i) + " is " +
-                               std::to_string(t.shape[i]) + "; expected a non-zero stride (" + a.name +
-                               " is written and its elements must not overlap)");
-    if (self_overlaps(t))
-      return Status::Invalid(std::string(a.name) + " has shape " + shape_str(t) + " and strides " + stride_str(t) +
-                             ", whose elements overlap; expected a layout where every element has its own memory (" +
-                             a.name + " is written)");
-  }
-  const uintptr_t align = is_lse(a.role) ? 4 : 16;
-  if (reinterpret_cast<uintptr_t>(t.data) % align != 0)
-    return Status::Invalid(std::string(a.name) + ".data (" + fmt_ptr(t.data) + ") is not " + std::to_string(align) +
-                           "-byte aligned; expected a " + std::to_string(align) + "-byte aligned pointer" +
-                           (is_lse(a.role) ? "" : " (TMA requirement)"));
-  if (t.numel() > 0) {
-    int64_t off = 0;
-    bool overflow = false;
-    for (int i = 0; i < t.ndim && !overflow; ++i) {
-      if (t.shape[i] <= 1) continue;
-      int64_t term = 0;
-      overflow = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &term) || __builtin_add_overflow(off, term, &off) ||
-                 __builtin_mul_overflow(off, int64_t(esize), &term);
-    }
-    if (overflow)
-      return Status::Invalid(std::string(a.name) + ": the byte offset of its last element, sum((shape[i]-1)*stride[i]) * " +
-                             std::to_string(esize) + ", does not fit in int64; expected a tensor that fits in memory");
-  }
-  return Status::Ok();
-}
-
-// Outputs must not share memory with any other tensor of the call (inputs the
-// kernels read while they write, or other outputs).
-Status check_no_alias(const Arg& out, std::initializer_list<const Arg*> others) {
-  for (const Arg* o : others) {
-    if (o->t->data == nullptr) continue;
-    if (views_overlap(*out.t, *o->t))
-      return Status::Invalid(std::string(out.name) + " (data " + fmt_ptr(out.t->data) + ", shape " + shape_str(*out.t) +
-                             ") overlaps " + o->name + " (data " + fmt_ptr(o->t->data) + ", shape " + shape_str(*o->t) +
-                             "); expected " + out.name + " to have memory of its own (it is written while " + o->name +
-                             (o->written ? " is written too)" : " is read)"));
-  }
-  return Status::Ok();
+  if (a.written) FLASH3_RETURN_IF_ERROR(check_written_layout(a.name, t, dims));
+  FLASH3_RETURN_IF_ERROR(check_aligned(a.name, t, is_lse(a.role) ? 4 : 16, is_lse(a.role) ? "" : " (TMA requirement)"));
+  return check_span_fits(a.name, t);
 }
 
 // Sizes the kernels' int32 index arithmetic and grids rely on.
@@ -597,29 +636,34 @@ Status check_current_device() {
                               std::to_string(minor) + "); flash3 needs a Hopper GPU (sm_90)");
 }
 
-Status check_forward_device(const ForwardArgs& args) {
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("q.data", args.q.data));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("k.data", args.k.data));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("v.data", args.v.data));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("out.data", args.out.data));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("lse.data", args.lse.data));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.cu_seqlens_q", args.opts.cu_seqlens_q));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.cu_seqlens_k", args.opts.cu_seqlens_k));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.seqused_q", args.opts.seqused_q));
-  FLASH3_RETURN_IF_ERROR(check_device_pointer("opts.seqused_k", args.opts.seqused_k));
+namespace {
+// Each (name, pointer) in order (null: absent), then the current device.
+Status check_device_pointers(std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  for (const auto& p : ptrs) FLASH3_RETURN_IF_ERROR(check_device_pointer(p.first, p.second));
   return check_current_device();
+}
+}  // namespace
+
+Status check_forward_device(const ForwardArgs& args) {
+  return check_device_pointers({{"q.data", args.q.data},
+                                {"k.data", args.k.data},
+                                {"v.data", args.v.data},
+                                {"out.data", args.out.data},
+                                {"lse.data", args.lse.data},
+                                {"opts.cu_seqlens_q", args.opts.cu_seqlens_q},
+                                {"opts.cu_seqlens_k", args.opts.cu_seqlens_k},
+                                {"opts.seqused_q", args.opts.seqused_q},
+                                {"opts.seqused_k", args.opts.seqused_k}});
 }
 
 Status check_backward_device(const BackwardArgs& args) {
-  const std::pair<const char*, const void*> ptrs[] = {
-      {"q.data", args.q.data},        {"k.data", args.k.data},       {"v.data", args.v.data},
-      {"out.data", args.out.data},    {"dout.data", args.dout.data}, {"lse.data", args.lse.data},
-      {"dlse.data", args.dlse.data},  {"dq.data", args.dq.data},     {"dk.data", args.dk.data},
-      {"dv.data", args.dv.data},      {"workspace", args.workspace}, {"opts.cu_seqlens_q", args.opts.cu_seqlens_q},
-      {"opts.cu_seqlens_k", args.opts.cu_seqlens_k}, {"opts.seqused_q", args.opts.seqused_q},
-      {"opts.seqused_k", args.opts.seqused_k}};
-  for (const auto& p : ptrs) FLASH3_RETURN_IF_ERROR(check_device_pointer(p.first, p.second));
-  return check_current_device();
+  return check_device_pointers(
+      {{"q.data", args.q.data},        {"k.data", args.k.data},       {"v.data", args.v.data},
+       {"out.data", args.out.data},    {"dout.data", args.dout.data}, {"lse.data", args.lse.data},
+       {"dlse.data", args.dlse.data},  {"dq.data", args.dq.data},     {"dk.data", args.dk.data},
+       {"dv.data", args.dv.data},      {"workspace", args.workspace}, {"opts.cu_seqlens_q", args.opts.cu_seqlens_q},
+       {"opts.cu_seqlens_k", args.opts.cu_seqlens_k}, {"opts.seqused_q", args.opts.seqused_q},
+       {"opts.seqused_k", args.opts.seqused_k}});
 }
 
 // ---------------------------------------------------------------------------
@@ -750,6 +794,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   p.softmax_scale_log2 = p.softmax_scale > 0.f ? p.softmax_scale * kLog2e : std::numeric_limits<float>::min();
   p.softcap = args.opts.softcap;
   p.pack_gqa = args.opts.pack_gqa;  // launch_forward decides (fwd_pack_gqa)
+  p.num_splits = args.opts.num_splits;  // launch_forward decides (fwd_num_splits)
 
   // Varlen: the window is normalised with the longest sequence (a side that
   // cuts nothing in it cuts nothing in any sequence).
@@ -800,5 +845,193 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   return p;
 }
 
-}  // namespace flash3
+// ---------------------------------------------------------------------------
+// Combine (split-KV): structure, device, lowering.
+// ---------------------------------------------------------------------------
+namespace {
 
+// A combine tensor: its dims are a window [first, first + ndim) of
+// (num_splits, batch, seqlen, heads, head_dim).
+struct CombineArg {
+  const char* name;
+  const TensorView* t;
+  int first, ndim;
+  bool written;
+};
+
+const char* const kCombineDimNames[] = {"num_splits", "batch", "seqlen", "heads", "head_dim"};
+
+std::string combine_layout(const CombineArg& a) {
+  std::string s = "(";
+  for (int i = 0; i < a.ndim; ++i) s += (i ? ", " : "") + std::string(kCombineDimNames[a.first + i]);
+  return s + ")";
+}
+
+std::string combine_dim_label(const CombineArg& a, int i) { return dim_label(a.name, kCombineDimNames + a.first, i); }
+
+// Presence, ndim, sizes (each dim in [0, INT32_MAX]: the kernel holds them in int), null data.
+Status check_combine_present(const CombineArg& a) {
+  const TensorView& t = *a.t;
+  if (!t.defined())
+    return Status::Invalid(std::string(a.name) + " is missing (data is null and ndim is 0); expected a " +
+                           std::to_string(a.ndim) + "-d tensor " + combine_layout(a));
+  if (t.ndim != a.ndim)
+    return Status::Invalid(std::string(a.name) + ".ndim is " + std::to_string(t.ndim) + "; expected " +
+                           std::to_string(a.ndim) + ": " + combine_layout(a));
+  for (int i = 0; i < a.ndim; ++i) {
+    if (t.shape[i] < 0)
+      return Status::Invalid(combine_dim_label(a, i) + " is " + std::to_string(t.shape[i]) + "; expected >= 0");
+    if (t.shape[i] > kMaxDim)
+      return Status::Invalid(combine_dim_label(a, i) + " is " + std::to_string(t.shape[i]) +
+                             "; expected <= 2147483647 (INT32_MAX: the combine kernel indexes it in int32)");
+  }
+  if (t.data == nullptr && t.numel() > 0)
+    return Status::Invalid(std::string(a.name) + ".data is null; expected a device pointer (" + a.name +
+                           " has shape " + shape_str(t) + ")");
+  return Status::Ok();
+}
+
+// a's dims match out_partial's over a's window.
+Status check_combine_shape(const CombineArg& a, const CombineArg& op) {
+  for (int i = 0; i < a.ndim; ++i) {
+    const int64_t want = op.t->shape[a.first + i];
+    if (a.t->shape[i] != want)
+      return Status::Invalid(combine_dim_label(a, i) + " is " + std::to_string(a.t->shape[i]) + "; expected " +
+                             std::to_string(want) + " to match " + op.name + ".shape[" + std::to_string(a.first + i) +
+                             "] (" + a.name + " must be " + combine_layout(a) + ", " + op.name + " is " +
+                             shape_str(*op.t) + ")");
+  }
+  return Status::Ok();
+}
+
+// Strides and alignment. unit_last: head_dim must be contiguous; vec_mult:
+// the other strides must be multiples of it and the data aligned to
+// vec_mult elements (out_partial's float4 reads); otherwise the data is
+// aligned to its element size.
+Status check_combine_layout(const CombineArg& a, bool unit_last, int vec_mult) {
+  const TensorView& t = *a.t;
+  const char* const* dims = kCombineDimNames + a.first;
+  const int last = t.ndim - 1;
+  const int esize = dtype_size(t.dtype);
+  FLASH3_RETURN_IF_ERROR(check_strides_nonnegative(a.name, t, dims));
+  // dims[last] is head_dim.
+  if (unit_last) FLASH3_RETURN_IF_ERROR(check_last_contiguous(a.name, t, dims));
+  if (vec_mult > 1) {
+    for (int i = 0; i < last; ++i)
+      if (t.shape[i] > 1 && t.stride[i] % vec_mult != 0)
+        return Status::Invalid(stride_label(a.name, dims, i) + " is " + std::to_string(t.stride[i]) +
+                               "; expected a multiple of " + std::to_string(vec_mult) + " elements (" +
+                               std::to_string(vec_mult * esize) + " bytes: the combine kernel reads " +
+                               std::to_string(vec_mult * esize) + "-byte vectors)");
+  }
+  FLASH3_RETURN_IF_ERROR(check_aligned(a.name, t, uintptr_t(std::max(1, vec_mult) * esize), ""));
+  if (a.written) FLASH3_RETURN_IF_ERROR(check_written_layout(a.name, t, dims));
+  return check_span_fits(a.name, t);
+}
+
+}  // namespace
+
+bool combine_is_empty(const CombineArgs& args) {
+  const TensorView& op = args.out_partial;
+  return op.shape[1] == 0 || op.shape[2] == 0 || op.shape[3] == 0;
+}
+
+Status check_combine_structure(const CombineArgs& args) {
+  const CombineArg op{"out_partial", &args.out_partial, 0, 5, false};
+  const CombineArg lp{"lse_partial", &args.lse_partial, 0, 4, false};
+  const CombineArg o{"out", &args.out, 1, 4, true};
+  const CombineArg l{"lse", &args.lse, 1, 3, true};
+  // A view with a shape but no data is an error (check_combine_present), not "absent".
+  const bool has_lse = args.lse.defined();
+
+  for (const CombineArg* a : {&op, &lp, &o}) FLASH3_RETURN_IF_ERROR(check_combine_present(*a));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_combine_present(l));
+
+  for (const CombineArg* a : {&op, &lp}) {
+    if (a->t->dtype != DType::kFloat32)
+      return Status::Invalid(std::string(a->name) + ".dtype is " + dtype_str(a->t->dtype) +
+                             "; expected fp32 (the split-KV partials are fp32)");
+  }
+  const DType odt = args.out.dtype;
+  if (odt != DType::kBFloat16 && odt != DType::kFloat16 && odt != DType::kFloat32)
+    return Status::Invalid("out.dtype is " + dtype_str(odt) + "; expected bf16, fp16 or fp32");
+  if (has_lse && args.lse.dtype != DType::kFloat32)
+    return Status::Invalid("lse.dtype is " + dtype_str(args.lse.dtype) + "; expected fp32");
+
+  const int64_t splits = args.out_partial.shape[0], head_dim = args.out_partial.shape[4];
+  if (splits < 1 || splits > kMaxCombineSplits)
+    return Status::Invalid(combine_dim_label(op, 0) + " is " + std::to_string(splits) + "; expected 1 to " +
+                           std::to_string(kMaxCombineSplits));
+  if (head_dim < 1 || head_dim > kMaxHeadDim || head_dim % 4 != 0)
+    return Status::Invalid("unsupported head dim: " + combine_dim_label(op, 4) + " is " + std::to_string(head_dim) +
+                           "; expected a multiple of 4 in [4, " + std::to_string(kMaxHeadDim) +
+                           "] (the combine kernel reads float4s)");
+  FLASH3_RETURN_IF_ERROR(check_combine_shape(lp, op));
+  FLASH3_RETURN_IF_ERROR(check_combine_shape(o, op));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_combine_shape(l, op));
+
+  FLASH3_RETURN_IF_ERROR(check_combine_layout(op, /*unit_last=*/true, /*vec_mult=*/4));
+  FLASH3_RETURN_IF_ERROR(check_combine_layout(lp, false, 1));
+  FLASH3_RETURN_IF_ERROR(check_combine_layout(o, true, 1));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_combine_layout(l, false, 1));
+
+  FLASH3_RETURN_IF_ERROR(check_no_alias(o, {&op, &lp}));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_no_alias(l, {&op, &lp, &o}));
+  return Status::Ok();
+}
+
+namespace {
+// The stride of a combine tensor's dimension i for the kernel: 0 for a
+// dimension of size 1 (its index is always 0; validation accepts any stride
+// there, which must not break the kernel's alignment).
+int64_t combine_stride(const TensorView& t, int i) { return t.shape[i] > 1 ? t.stride[i] : 0; }
+
+}  // namespace
+
+Status check_combine_device(const CombineArgs& args) {
+  return check_device_pointers({{"out_partial.data", args.out_partial.data},
+                                {"lse_partial.data", args.lse_partial.data},
+                                {"out.data", args.out.data},
+                                {"lse.data", args.lse.data}});
+}
+
+Status validate_combine(const CombineArgs& args) {
+  FLASH3_RETURN_IF_ERROR(check_combine_structure(args));
+  if (combine_is_empty(args)) return Status::Ok();
+  if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_combine_device(args));
+  return Status::Ok();
+}
+
+CombineParams make_combine_params(const CombineArgs& args) {
+  const TensorView &op = args.out_partial, &lp = args.lse_partial, &o = args.out, &l = args.lse;
+  CombineParams p;
+  p.out_partial = static_cast<const float*>(op.data);
+  p.lse_partial = static_cast<const float*>(lp.data);
+  p.out = o.data;
+  p.out_dtype = o.dtype;
+  p.lse = static_cast<float*>(l.data);
+  p.num_splits = static_cast<int>(op.shape[0]);
+  p.batch = static_cast<int>(op.shape[1]);
+  p.seqlen = static_cast<int>(op.shape[2]);
+  p.heads = static_cast<int>(op.shape[3]);
+  p.head_dim = static_cast<int>(op.shape[4]);
+  p.op_split_stride = combine_stride(op, 0);
+  p.op_batch_stride = combine_stride(op, 1);
+  p.op_row_stride = combine_stride(op, 2);
+  p.op_head_stride = combine_stride(op, 3);
+  p.lp_split_stride = combine_stride(lp, 0);
+  p.lp_batch_stride = combine_stride(lp, 1);
+  p.lp_row_stride = combine_stride(lp, 2);
+  p.lp_head_stride = combine_stride(lp, 3);
+  p.o_batch_stride = combine_stride(o, 0);
+  p.o_row_stride = combine_stride(o, 1);
+  p.o_head_stride = combine_stride(o, 2);
+  if (p.lse != nullptr) {
+    p.lse_batch_stride = combine_stride(l, 0);
+    p.lse_row_stride = combine_stride(l, 1);
+    p.lse_head_stride = combine_stride(l, 2);
+  }
+  return p;
+}
+
+}  // namespace flash3

@@ -1,6 +1,6 @@
 // Argument validation and lowering of validated arguments into kernel params.
 //
-// The public entry points validate_forward()/validate_backward() (flash3.h) run,
+// The public entry points validate_forward()/validate_backward()/validate_combine() (flash3.h) run,
 // in order:
 //   1. structural checks (options, presence, ndim, sizes, dtypes, head dims,
 //      shapes, strides, alignment, index limits, outputs overlapping inputs,
@@ -16,6 +16,7 @@
 #pragma once
 #include <string>
 
+#include "combine/combine.h"
 #include "common/params.h"
 #include "flash3/flash3.h"
 
@@ -55,6 +56,18 @@ Status check_device_pointer(const char* name, const void* ptr);
 Status check_current_device();
 Status check_forward_device(const ForwardArgs& args);
 Status check_backward_device(const BackwardArgs& args);
+// Combine (split-KV), in the same order: step 1 (structure: presence, ndim,
+// sizes, dtypes, num_splits and head_dim ranges, shapes, strides, alignment,
+// outputs overlapping inputs, each other or themselves), step 2 (nothing to
+// compute when batch, seqlen or heads is 0), step 4 (pointers on the current
+// device, sm_90; skipped with FLASH3_SKIP_DEVICE_CHECK=1). There is no step 3:
+// the combine kernel is in every build.
+Status check_combine_structure(const CombineArgs& args);
+bool combine_is_empty(const CombineArgs& args);
+Status check_combine_device(const CombineArgs& args);
+// Lowering of validated combine arguments (fixed length: seqs null).
+CombineParams make_combine_params(const CombineArgs& args);
+
 // The stream must belong to the current device (the legacy and per-thread
 // default streams always do).
 Status check_stream_device(cudaStream_t stream);

@@ -55,7 +55,7 @@ struct BwdScheduler {
       }
       hb_total = cut;
     }
-    const TileCoord t = LptTileScheduler::from_linear(lin, n_blocks, heads_kv, hb_total, group);
+    const WorkTile t = LptTileScheduler::from_linear(lin, n_blocks, heads_kv, hb_total, group);
     return {n_blocks - 1 - t.m_block, t.head, t.batch};
   }
   // The tail group's size: enough (KV head, batch) pairs for kBwdTailWaves

@@ -72,6 +72,25 @@ CUTLASS_HOST_DEVICE NBlockRange fwd_n_block_range_packed(const MaskSpec& m, int 
   return fwd_n_block_range_rows(m, packed_first / g, (packed_first + tile_m - 1) / g, tile_n);
 }
 
+// Split-KV (seed ch. 10): split `split` of `num_splits` visits its share of
+// the tile's own range, ceil((n_max - n_min) / num_splits) blocks each
+// (splitting the tile's range, not the whole sequence, keeps causal tiles'
+// splits equal). The mask boundaries are clamped into the share, so the
+// mainloop's peeled segments stay inside it; a share past the range is empty
+// (its rows get O = 0, LSE = -inf, which the combine weighs 0).
+CUTLASS_HOST_DEVICE NBlockRange split_n_block_range(NBlockRange r, int split, int num_splits) {
+  if (num_splits <= 1) return r;
+  const int per = ceil_div_int(imax(r.n_max - r.n_min, 0), num_splits);
+  const int lo = r.n_min + split * per;
+  const int hi = imin(r.n_max, lo + per);
+  NBlockRange s;
+  s.n_min = lo;
+  s.n_max = hi;
+  s.n_min_right_masked = imin(hi, imax(lo, r.n_min_right_masked));
+  s.n_max_left_masked = imin(hi, imax(lo, r.n_max_left_masked));
+  return s;
+}
+
 // Backward: which query blocks KV block n_block visits. Exactly the transpose of
 // fwd_n_block_range: m is visited iff fwd_n_block_range(m).n_min <= n_block <
 // fwd_n_block_range(m).n_max (checked by the CPU tests).

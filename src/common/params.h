@@ -32,6 +32,9 @@ struct FwdParams {
   // PackGQA request (AttentionOptions::pack_gqa): -1 heuristic, 0 off, 1 on;
   // fwd_pack_gqa() (launch/dispatch.h) decides. The backward ignores it.
   int pack_gqa = -1;
+  // Split-KV request (AttentionOptions::num_splits): 1 none, 0 heuristic, n > 1
+  // at most n; fwd_num_splits() (launch/dispatch.h) decides. Forward only.
+  int num_splits = 1;
 
   // Scratch, 256-byte aligned: forward_workspace_bytes() (the tile counter,
   // the varlen maps) or backward_workspace_bytes(); the caller's or allocated

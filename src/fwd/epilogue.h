@@ -22,7 +22,7 @@ struct FwdEpilogue {
   using TiledMmaPV = typename Traits::TiledMmaPV;
 
   template <class TensorO, int kNRows>
-  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, TileCoord tile, MaskSpec const& mask,
+  CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, WorkTile tile, MaskSpec const& mask,
                                    TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
     TiledMmaPV tiled_mma_pv;
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
@@ -32,6 +32,12 @@ struct FwdEpilogue {
     {
       Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
       OnlineSoftmax<kNRows>::rescale_o(o, inv_sum);
+    }
+    if constexpr (Traits::kSplit) {
+      if (params.num_splits > 1) {  // fp32 partials for the combine, straight from registers
+        store_partial(params, tile, mask, tOrO, lse, thread_idx);
+        return;
+      }
     }
     Tensor tOrO_out = convert_fragment<Element>(tOrO);
 
@@ -106,7 +112,7 @@ struct FwdEpilogue {
 
   // PackGQA LSE: packed row p is (query row p / g, head p % g of the group).
   template <int kNRows>
-  CUTLASS_DEVICE static void store_lse_packed(Params const& params, TileCoord tile, MaskSpec const& mask,
+  CUTLASS_DEVICE static void store_lse_packed(Params const& params, WorkTile tile, MaskSpec const& mask,
                                               float const (&lse)[kNRows], int thread_idx) {
     if (params.lse == nullptr) return;
     TiledMmaPV tiled_mma_pv;
@@ -117,11 +123,11 @@ struct FwdEpilogue {
     if (get<1>(tOcO_rc(0, 0)) != 0) return;
     // Fixed length: (batch, heads, seqlen_q); varlen: (heads, total_q), row stride 1.
     float* lse_ptr = params.lse + FwdMainloop<Traits>::packed_seq_offset(params, tile, params.lse_batch_stride, 1) +
-                     int64_t(tile.head) * params.heads_per_kv * params.lse_head_stride;
+                     FwdMainloop<Traits>::first_q_head(params, tile) * params.lse_head_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kNRows; ++r) {
       int q_row, head;
-      params.heads_per_kv_divmod(q_row, head, tile.m_block * kBlockM + get<0>(tOcO_rc(r, 0)));
+      params.pack_divmod(q_row, head, tile.m_block * kBlockM + get<0>(tOcO_rc(r, 0)));
       if (q_row < mask.seqlen_q) lse_ptr[int64_t(head) * params.lse_head_stride + q_row] = lse[r];
     }
   }
@@ -130,7 +136,7 @@ struct FwdEpilogue {
   // the STSM above, complete at the barrier) to their rows; rows past the
   // sequence are not written. One tile per CTA: sO is not reused afterwards.
   template <class TensorSO>
-  CUTLASS_DEVICE static void store_o_packed(Params const& params, TensorSO const& sO, TileCoord tile,
+  CUTLASS_DEVICE static void store_o_packed(Params const& params, TensorSO const& sO, WorkTile tile,
                                             MaskSpec const& mask, int thread_idx) {
     using Vec = cute::uint128_t;
     constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
@@ -138,16 +144,53 @@ struct FwdEpilogue {
     static_assert(Traits::kHeadDimV % kVec == 0, "O rows are copied in 16-byte pieces");
     Element* o = params.o_ptr +
                  FwdMainloop<Traits>::packed_seq_offset(params, tile, params.o_batch_stride, params.o_row_stride) +
-                 int64_t(tile.head) * params.heads_per_kv * params.o_head_stride;
+                 FwdMainloop<Traits>::first_q_head(params, tile) * params.o_head_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int i = thread_idx; i < kBlockM * kVecsPerRow; i += Traits::kNumMmaThreads) {
       const int r = i / kVecsPerRow, c = i % kVecsPerRow;
       int q_row, head;
-      params.heads_per_kv_divmod(q_row, head, tile.m_block * kBlockM + r);
+      params.pack_divmod(q_row, head, tile.m_block * kBlockM + r);
       if (q_row < mask.seqlen_q) {
         *reinterpret_cast<Vec*>(o + int64_t(q_row) * params.o_row_stride + int64_t(head) * params.o_head_stride +
                                 c * kVec) = *reinterpret_cast<Vec const*>(&sO(r, c * kVec));
       }
+    }
+  }
+
+  // Split-KV: the split's normalised O (fp32) and LSE of each real row, for
+  // the combine kernel. Each thread writes its accumulator registers: pairs of
+  // adjacent columns (float2) of two rows per 8-column group; the four threads
+  // of a quad fill 32 contiguous bytes of a row. Packed rows of one query row
+  // are adjacent heads, so consecutive rows of the tile are contiguous too.
+  template <class TensorO, int kNRows>
+  CUTLASS_DEVICE static void store_partial(Params const& params, WorkTile tile, MaskSpec const& mask,
+                                           TensorO const& tOrO, float const (&lse)[kNRows], int thread_idx) {
+    TiledMmaPV tiled_mma_pv;
+    auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{});
+    Tensor tOcO = thr_pv.partition_C(cO);
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+    static_assert(decltype(size<1>(o_rc))::value % 2 == 0, "accumulator columns come in pairs");
+    const int64_t q_head0 = FwdMainloop<Traits>::first_q_head(params, tile);
+    float* o_base = params.o_partial + int64_t(tile.split) * params.op_split_stride +
+                    FwdMainloop<Traits>::packed_seq_offset(params, tile, params.op_batch_stride, params.op_row_stride) +
+                    q_head0 * Traits::kHeadDimV;
+    float* lse_base = params.lse_partial + int64_t(tile.split) * params.lp_split_stride +
+                      FwdMainloop<Traits>::packed_seq_offset(params, tile, params.lp_batch_stride, 1) +
+                      q_head0 * params.lp_head_stride;
+    const bool lse_writer = get<1>(tOcO_rc(0, 0)) == 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kNRows; ++r) {
+      int q_row, head;
+      params.pack_divmod(q_row, head, tile.m_block * kBlockM + get<0>(tOcO_rc(r, 0)));
+      if (q_row >= mask.seqlen_q) continue;
+      float* o_row = o_base + int64_t(q_row) * params.op_row_stride + int64_t(head) * Traits::kHeadDimV;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o_rc); c += 2) {
+        *reinterpret_cast<float2*>(o_row + get<1>(tOcO_rc(r, c))) = make_float2(o_rc(r, c), o_rc(r, c + 1));
+      }
+      if (lse_writer) lse_base[int64_t(head) * params.lp_head_stride + q_row] = lse[r];
     }
   }
 

@@ -38,11 +38,12 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   // Varlen: this CTA's tile and its sequence's lengths. CTAs past the last
   // tile (the grid is an upper bound) leave before touching any barrier.
-  TileCoord varlen_tile{};
+  WorkTile varlen_tile{};
   MaskSpec varlen_mask{};
   if constexpr (Traits::kVarlen) {
     varlen_tile = VarlenTileScheduler::tile(params.varlen);
     if (varlen_tile.m_block < 0) return;
+    if constexpr (Traits::kSplit) varlen_tile = split_work_tile(varlen_tile, params.num_splits);
     const SeqlenInfo si = params.varlen.seqs[varlen_tile.batch];
     varlen_mask = params.mask;
     varlen_mask.seqlen_q = si.seqlen_q;
@@ -92,6 +93,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       return varlen_tile;
     } else if constexpr (Traits::kPersistent) {
       return Scheduler::tile_at(linear, params.num_m_blocks, params.tile_heads, params.batch, params.tile_order);
+    } else if constexpr (Traits::kSplit) {
+      return split_work_tile(Scheduler::tile(params.num_m_blocks, params.tile_heads, params.tile_order),
+                             params.num_splits);
     } else {
       return Scheduler::tile(params.num_m_blocks, params.tile_heads, params.tile_order);
     }
@@ -128,8 +132,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         for (int n = 0;; ++n) {
           const int linear = receive_tile(n);
           if (linear >= count) break;
-          const TileCoord tile = tile_at(linear);
-          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
+          const WorkTile tile = tile_at(linear);
+          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
           const int q_empty_phase = n > 0 ? (n - 1) & 1 : -1;
           if (!range.empty()) {
             FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write, q_empty_phase);
@@ -142,8 +146,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       } else {
         int loaded = 0;  // Q loads so far: the n-th waits for the consumers' (n-1)-th release
         for (int linear = first; linear < count; linear += stride) {
-          const TileCoord tile = tile_at(linear);
-          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
+          const WorkTile tile = tile_at(linear);
+          const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
           if (range.empty()) continue;
           FwdMainloop<Traits>::load(params, ss, pipeline_k, pipeline_v, tile, mask, range, write,
                                     loaded > 0 ? (loaded - 1) & 1 : -1);
@@ -175,8 +179,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       for (int n = 0;; ++n) {
         const int linear = receive_tile(n);
         if (linear >= count) break;
-        const TileCoord tile = tile_at(linear);
-        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
+        const WorkTile tile = tile_at(linear);
+        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
@@ -197,8 +201,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
       // larger Params) made ptxas compile the spill-bound d = 64 causal
       // kernel differently, 3-5% slower.
       for (int linear = first; linear < count; linear += stride) {
-        const TileCoord tile = tile_at(linear);
-        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile.m_block);
+        const WorkTile tile = tile_at(linear);
+        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
         OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);

@@ -44,6 +44,11 @@ struct FwdTraits {
   // gathered and O scattered by the consumer threads (a tensor map's box cannot
   // follow the (row, head) pairs for every g), K/V still come by TMA.
   static constexpr bool kPackGQA = kPackGQA_;
+  // Split-KV (seed ch. 10) is a run-time option of the packed kernels (the
+  // decode kernels; a pack factor of 1 serves MHA and unpacked GQA): with
+  // Params::num_splits > 1 each (tile, split) CTA visits its share of the KV
+  // range and writes fp32 partial O and LSE for the combine kernel.
+  static constexpr bool kSplit = kPackGQA;
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -183,12 +188,23 @@ struct FwdTraits {
   using ModParams = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
   // PackGQA gathers Q and scatters O through plain pointers (strides in
   // elements; varlen adds the sequence's offset_q rows instead of a batch).
+  // A tile holds P = pack_divmod.divisor query heads (g = heads_per_kv when
+  // packing, 1 for a split launch that does not pack): tile head t covers
+  // query heads [t * P, t * P + P) and reads KV head t * P / g.
+  // Split-KV partials (num_splits > 1): o_partial (split, batch | total_q rows,
+  // seqlen_q, heads_q, d_v), lse_partial (split, batch, heads_q, seqlen_q)
+  // (varlen: (split, heads_q, total_q)), both fp32, in the call's workspace.
   struct PackGQAParams : ModParams {
     const Element* q_ptr;
     Element* o_ptr;
     int64_t q_row_stride, q_head_stride, q_batch_stride;
     int64_t o_row_stride, o_head_stride, o_batch_stride;
-    cutlass::FastDivmod heads_per_kv_divmod;  // g = heads_per_kv
+    cutlass::FastDivmod pack_divmod;  // P query heads per tile
+    int num_splits;
+    float* o_partial;
+    float* lse_partial;
+    int64_t op_split_stride, op_batch_stride, op_row_stride;  // head stride d_v
+    int64_t lp_split_stride, lp_batch_stride, lp_head_stride;  // row stride 1
   };
   using Params = std::conditional_t<kPackGQA, PackGQAParams, ModParams>;
 };

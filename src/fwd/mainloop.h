@@ -39,11 +39,10 @@ struct FwdMainloop {
   // (persistent CTAs carry it from tile to tile). q_empty_phase >= 0: wait for
   // the consumers to be done with the previous tile's Q before overwriting sQ.
   CUTLASS_DEVICE static void load(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                  MainloopPipeline& pipeline_v, TileCoord tile, MaskSpec const& mask,
+                                  MainloopPipeline& pipeline_v, WorkTile tile, MaskSpec const& mask,
                                   NBlockRange range, PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
-    // PackGQA tiles are per KV head already.
-    const int head_kv = Traits::kPackGQA ? tile.head : tile.head / params.heads_per_kv;
+    const int head_kv = kv_head(params, tile);
     // Fixed length: the launch's tensor maps, batch as the last coordinate.
     // Varlen: the sequence's own maps (batch extent 1), whose row extents end
     // at the sequence's end; acquired first (the prep kernel released its edits).
@@ -164,19 +163,37 @@ struct FwdMainloop {
     }
   }
 
-  // The KV blocks tile m_block visits (PackGQA: its packed rows' query rows).
-  CUTLASS_DEVICE static NBlockRange n_block_range(Params const& params, MaskSpec const& mask, int m_block) {
+  // The KV blocks a tile visits (PackGQA: its packed rows' query rows; a
+  // split launch: the split's share of them).
+  CUTLASS_DEVICE static NBlockRange n_block_range(Params const& params, MaskSpec const& mask, WorkTile tile) {
     if constexpr (Traits::kPackGQA) {
-      return fwd_n_block_range_packed(mask, m_block, kBlockM, kBlockN, params.heads_per_kv);
+      const NBlockRange r =
+          fwd_n_block_range_packed(mask, tile.m_block, kBlockM, kBlockN, params.pack_divmod.divisor);
+      return split_n_block_range(r, tile.split, params.num_splits);
     } else {
-      return fwd_n_block_range(mask, m_block, kBlockM, kBlockN);
+      return fwd_n_block_range(mask, tile.m_block, kBlockM, kBlockN);
     }
+  }
+
+  // The KV head a tile reads (PackGQA: tile head t holds query heads
+  // [t * P, t * P + P) of one group).
+  CUTLASS_DEVICE static int kv_head(Params const& params, WorkTile tile) {
+    if constexpr (Traits::kPackGQA) {
+      return tile.head * params.pack_divmod.divisor / params.heads_per_kv;
+    } else {
+      return tile.head / params.heads_per_kv;
+    }
+  }
+
+  // The tile's first query head (PackGQA: P per tile).
+  CUTLASS_DEVICE static int64_t first_q_head(Params const& params, WorkTile tile) {
+    return int64_t(tile.head) * params.pack_divmod.divisor;
   }
 
   // Packed row -> query row (mask), or the identity.
   CUTLASS_DEVICE static auto row_to_query(Params const& params) {
     if constexpr (Traits::kPackGQA) {
-      return PackedRowToQuery{params.heads_per_kv_divmod};
+      return PackedRowToQuery{params.pack_divmod};
     } else {
       return RowIsQuery{};
     }
@@ -185,7 +202,7 @@ struct FwdMainloop {
   // PackGQA: the tile's first Q / O / LSE element of packed row p = (query row q,
   // head j in the group): base + q * row_stride + (head_kv * g + j) * head_stride.
   // Fixed length: base is the batch's; varlen: the sequence's first row.
-  CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, TileCoord tile, int64_t batch_stride,
+  CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, WorkTile tile, int64_t batch_stride,
                                                   int64_t row_stride) {
     if constexpr (Traits::kVarlen) {
       return int64_t(params.varlen.seqs[tile.batch].offset_q) * row_stride;
@@ -198,7 +215,7 @@ struct FwdMainloop {
   // rows its QK^T WGMMAs read) with 16-byte cp.async, rows past the
   // sequence zero-filled, then makes them visible to the WGMMAs (async proxy)
   // and syncs its 128 threads. The producer meanwhile loads K.
-  CUTLASS_DEVICE static void load_q_packed(Params const& params, SharedStorage& ss, TileCoord tile,
+  CUTLASS_DEVICE static void load_q_packed(Params const& params, SharedStorage& ss, WorkTile tile,
                                            MaskSpec const& mask, int thread_idx) {
     using Vec = cute::uint128_t;
     constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
@@ -207,13 +224,13 @@ struct FwdMainloop {
     const int wg = thread_idx / 128;
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
     const Element* q = params.q_ptr + packed_seq_offset(params, tile, params.q_batch_stride, params.q_row_stride) +
-                       int64_t(tile.head) * params.heads_per_kv * params.q_head_stride;
+                       first_q_head(params, tile) * params.q_head_stride;
     const int row0 = tile.m_block * kBlockM + wg * 64;
     CUTLASS_PRAGMA_UNROLL
     for (int i = thread_idx % 128; i < 64 * kVecsPerRow; i += 128) {
       const int r = i / kVecsPerRow, c = i % kVecsPerRow;
       int q_row, head;
-      params.heads_per_kv_divmod(q_row, head, row0 + r);
+      params.pack_divmod(q_row, head, row0 + r);
       const bool valid = q_row < mask.seqlen_q;
       // (A row past the sequence reads nothing: cp.async with 0 source bytes.)
       const Element* src = valid ? q + int64_t(q_row) * params.q_row_stride + int64_t(head) * params.q_head_stride +
@@ -251,7 +268,7 @@ struct FwdMainloop {
   // scheduler_init must have run once before the first tile.
   template <class TensorO, int kNRows>
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                 MainloopPipeline& pipeline_v, TileCoord tile, MaskSpec const& mask,
+                                 MainloopPipeline& pipeline_v, WorkTile tile, MaskSpec const& mask,
                                  NBlockRange range, TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx,
                                  PipelineState& read, int q_phase) {
     using TiledMmaQK = typename Traits::TiledMmaQK;

@@ -28,8 +28,9 @@ __global__ void __launch_bounds__(kVarlenPrepThreads)
                             params.shape_v, a.v, params.tma_store_o, params.shape_o, a.o);
   if (blockIdx.x != 0) return;
   for (int b = threadIdx.x; b < a.seqs.num_seqs; b += blockDim.x) s.seqs[b] = varlen_seq_info(a.seqs, b);
-  // Query tiles over each sequence's rows (PackGQA: seqlen_q x g packed rows).
-  const int rows_per_query = Traits::kPackGQA ? params.heads_per_kv : 1;
+  // Query tiles over each sequence's rows (PackGQA: seqlen_q x P packed rows).
+  int rows_per_query = 1;
+  if constexpr (Traits::kPackGQA) rows_per_query = params.pack_divmod.divisor;
   build_tile_map(a.seqs.num_seqs, Traits::kBlockM,
                  [&](int b) { return varlen_seq_info(a.seqs, b).seqlen_q * rows_per_query; },
                  a.longest_first, s.tiles, s.num_tiles_bound, nullptr);

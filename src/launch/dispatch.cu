@@ -14,6 +14,8 @@
 #include "common/seqlen.h"
 #include "config/tile_size.h"
 #include "fusion/score_mod.h"
+#include "launch/split_heuristic.h"
+#include "launch/split_kv.h"
 
 namespace flash3 {
 
@@ -82,16 +84,54 @@ bool fwd_pack_gqa(const FwdParams& p) {
   return p.seqlen_q > 0 && fill(p.seqlen_q) < 0.9 * fill(int64_t(p.seqlen_q) * g);
 }
 
+// Split-KV (seed ch. 10) runs in the packed kernels (a pack factor of 1 where
+// PackGQA is off), so it needs their unit and the identity score modifier;
+// elsewhere the unsplit kernel runs (same results). The request is clamped
+// to the KV blocks of the longest tile (more splits would be empty) and to
+// the grid's head dimension (heads x splits in gridDim.y); 0 asks the
+// heuristic (split_heuristic.h), which splits only where the unsplit tiles
+// leave SMs idle.
+int fwd_num_splits(const FwdParams& p) {
+  if (p.num_splits == 1 || p.heads_kv <= 0 || p.heads_q <= 0) return 1;
+  if (score_mod_kind(p) != ScoreModKind::kIdentity) return 1;
+  if (!fwd_pack_kernel_built(p.dtype, p.head_dim, p.head_dim_v)) return 1;
+  const FwdTileConfig cfg = fwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, p.is_local);
+  const int seqlen_k = p.varlen ? p.max_seqlen_k : p.seqlen_k;
+  const int n_blocks = (seqlen_k + cfg.tile_n - 1) / cfg.tile_n;
+  const int pack = fwd_pack_gqa(p) ? p.heads_q / p.heads_kv : 1;
+  const int tile_heads = p.heads_q / pack;
+  int splits = p.num_splits;
+  if (splits == 0) {
+    const int seqlen_q = p.varlen ? p.max_seqlen_q : p.seqlen_q;
+    const int64_t m_blocks = (int64_t(seqlen_q) * pack + cfg.tile_m - 1) / cfg.tile_m;
+    int num_sms = 0;
+    if (!current_sm_count(&num_sms).ok()) return 1;
+    splits = fwd_num_splits_heuristic(m_blocks * tile_heads * p.batch, n_blocks, num_sms, kMaxSplits);
+  }
+  splits = fwd_num_splits_clamp(splits, n_blocks);
+  return std::max(1, std::min(splits, kMaxGridYZ / tile_heads));
+}
+
+// The packed kernels run for PackGQA and for every split launch.
+static bool fwd_runs_packed(const FwdParams& p) { return fwd_pack_gqa(p) || fwd_num_splits(p) > 1; }
+
 size_t forward_workspace_bytes(const FwdParams& p) {
+  const int splits = fwd_num_splits(p);
+  const int64_t pack = fwd_pack_gqa(p) ? p.heads_q / p.heads_kv : 1;
+  size_t base = 0;
   if (!p.varlen) {
     const bool dynamic_causal = p.is_causal && !p.is_local && fwd_has_short_causal(p.head_dim, p.head_dim_v) &&
-                                fwd_short_causal(p.head_dim, p.seqlen_k) && !fwd_pack_gqa(p);
-    return dynamic_causal ? kFwdTileCounterBytes : 0;
+                                fwd_short_causal(p.head_dim, p.seqlen_k) && !fwd_runs_packed(p);
+    base = dynamic_causal ? kFwdTileCounterBytes : 0;
+  } else {
+    // The varlen launch's tile shape (run_fwd_varlen_mask / run_fwd_packed).
+    const int tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, p.is_local).tile_m;
+    base = varlen_scratch_bytes(p.batch, varlen_tiles_bound(int64_t(p.seqlen_q) * pack, p.batch, tile_m));
   }
-  // The varlen launch's tile shape (run_fwd_varlen_mask / run_fwd_packed).
-  const int tile_m = fwd_tile_config(p.head_dim, p.head_dim_v, p.is_causal || p.is_local, p.is_local).tile_m;
-  const int64_t g = fwd_pack_gqa(p) ? p.heads_q / p.heads_kv : 1;
-  return varlen_scratch_bytes(p.batch, varlen_tiles_bound(int64_t(p.seqlen_q) * g, p.batch, tile_m));
+  if (splits <= 1) return base;
+  // The partials after it (fwd_launch.cuh's set_split_partials).
+  const int64_t rows = int64_t(p.varlen ? 1 : p.batch) * p.seqlen_q;
+  return fwd_split_layout(base, splits, rows, p.heads_q, p.head_dim_v).bytes;
 }
 
 static Status not_built(const char* pass, const FwdParams& p) {
@@ -102,12 +142,18 @@ static Status not_built(const char* pass, const FwdParams& p) {
 }
 
 Status launch_forward(const FwdParams& params, cudaStream_t stream) {
-  if (fwd_pack_gqa(params)) {
+  if (fwd_runs_packed(params)) {
+    // The packed unit takes the decisions resolved: pack_gqa 1 (P = g) or 0
+    // (P = 1), num_splits >= 1.
+    FwdParams resolved = params;
+    resolved.pack_gqa = fwd_pack_gqa(params) ? 1 : 0;
+    resolved.num_splits = fwd_num_splits(params);
+    static_cast<void>(resolved);  // (no packed unit in a build without the packgqa feature)
 #define FLASH3_FWD(E, T, D, DV, SM)
 #define FLASH3_BWD(E, T, D, DV, SM)
 #define FLASH3_FWD_PACKGQA(E, T, D, DV)                                                     \
   if (params.dtype == DType::E && params.head_dim == D && params.head_dim_v == DV) { \
-    return run_fwd_packed<T, D, DV>(params, stream);                                        \
+    return run_fwd_packed<T, D, DV>(resolved, stream);                                      \
   }
 #include "kernel_table.inc"
 #undef FLASH3_FWD

@@ -17,6 +17,10 @@ bool fwd_pack_kernel_built(DType dtype, int head_dim, int head_dim_v);
 // (PackGQA) for this problem: params.pack_gqa (1 on, 0 off, -1 heuristic)
 // where a packed unit exists (GQA/MQA, no softcap), else false.
 bool fwd_pack_gqa(const FwdParams& params);
+// How many KV splits launch_forward runs for this problem (1: none):
+// params.num_splits (1 none, 0 heuristic, n at most n) where a split-capable
+// (packed) unit exists, else 1.
+int fwd_num_splits(const FwdParams& params);
 // Launches the forward for validated params (mask variant chosen inside);
 // params.workspace must hold forward_workspace_bytes(params) where that is > 0.
 Status launch_forward(const FwdParams& params, cudaStream_t stream);
@@ -25,7 +29,8 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream);
 // or, for fixed length, the tile counter of the persistent causal kernels
 // (DynamicLptTileScheduler: causal, d <= 128, short seqlen_k or d <= 64;
 // fwd_launch.cuh's run_fwd makes the same choice and reports a missing
-// workspace as kInternal); 0 otherwise.
+// workspace as kInternal); 0 otherwise. Split launches add their fp32
+// partials after it (split_kv.h).
 constexpr size_t kFwdTileCounterBytes = 256;
 size_t forward_workspace_bytes(const FwdParams& params);
 // Launches preprocess, main kernel and postprocess for validated params;

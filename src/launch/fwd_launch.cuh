@@ -13,7 +13,9 @@
 #include "common/params.h"
 #include "fwd/kernel.h"
 #include "fwd/varlen_prep.h"
+#include "combine/combine.h"
 #include "launch/launch_kernel.cuh"
+#include "launch/split_kv.h"
 
 namespace flash3 {
 
@@ -80,10 +82,14 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.heads_per_kv = p.heads_q / p.heads_kv;
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if constexpr (Traits::kPackGQA) {
-    // Tiles per KV head over seqlen_q x g packed rows (fwd_pack_gqa keeps
-    // that product, and the packed row index, below 2^31).
-    kp.tile_heads = p.heads_kv;
-    kp.num_m_blocks = int((int64_t(p.seqlen_q) * kp.heads_per_kv + Traits::kBlockM - 1) / Traits::kBlockM);
+    // P query heads per tile: g when packing (p.pack_gqa == 1, decided by
+    // launch_forward), 1 for a split launch that does not pack. Tiles over
+    // seqlen_q x P packed rows (fwd_pack_gqa keeps that product, and the
+    // packed row index, below 2^31); the schedulers span heads x splits.
+    const int pack = p.pack_gqa == 1 ? kp.heads_per_kv : 1;
+    kp.num_splits = p.num_splits > 1 ? p.num_splits : 1;
+    kp.tile_heads = p.heads_q / pack * kp.num_splits;
+    kp.num_m_blocks = int((int64_t(p.seqlen_q) * pack + Traits::kBlockM - 1) / Traits::kBlockM);
     kp.q_ptr = static_cast<Element const*>(p.q);
     kp.o_ptr = static_cast<Element*>(p.o);
     kp.q_row_stride = p.q_row_stride;
@@ -92,7 +98,7 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
     kp.o_row_stride = p.o_row_stride;
     kp.o_head_stride = p.o_head_stride;
     kp.o_batch_stride = p.o_batch_stride;
-    kp.heads_per_kv_divmod = cutlass::FastDivmod(kp.heads_per_kv);
+    kp.pack_divmod = cutlass::FastDivmod(pack);
   }
   // The score modifier's scales (identity: the plain softmax_scale pair).
   const ScoreModScales sc =
@@ -101,6 +107,62 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.softmax_scale_log2 = sc.scale_log2;
   if constexpr (Traits::ScoreMod::kEnabled) kp.score_mod_scale = sc.pre_scale;
   return Status::Ok();
+}
+
+// Split launches: the partials' place in the workspace (after base_bytes of
+// other scratch) and their strides; rows = batch x seqlen_q or total_q.
+template <class Traits, class KParams>
+Status set_split_partials(const FwdParams& p, KParams& kp, size_t base_bytes) {
+  if (kp.num_splits <= 1) return Status::Ok();
+  if (p.workspace == nullptr) return Status{StatusCode::kInternal, "split forward: no workspace"};
+  const int64_t sq = p.seqlen_q, rows = int64_t(p.varlen ? 1 : p.batch) * sq;
+  const FwdSplitLayout l = fwd_split_layout(base_bytes, kp.num_splits, rows, p.heads_q, p.head_dim_v);
+  char* base = static_cast<char*>(p.workspace);
+  kp.lse_partial = reinterpret_cast<float*>(base + l.lse_offset);
+  kp.o_partial = reinterpret_cast<float*>(base + l.o_offset);
+  kp.op_row_stride = int64_t(p.heads_q) * Traits::kHeadDimV;
+  kp.op_batch_stride = p.varlen ? 0 : sq * kp.op_row_stride;
+  kp.op_split_stride = rows * kp.op_row_stride;
+  kp.lp_head_stride = sq;
+  kp.lp_batch_stride = p.varlen ? 0 : sq * p.heads_q;
+  kp.lp_split_stride = rows * p.heads_q;
+  return Status::Ok();
+}
+
+// Split launches, after the attention kernel: the combine into out / lse.
+template <class Traits, class KParams>
+Status combine_split_partials(const FwdParams& p, KParams const& kp, cudaStream_t stream) {
+  if (kp.num_splits <= 1) return Status::Ok();
+  CombineParams c;
+  c.out_partial = kp.o_partial;
+  c.lse_partial = kp.lse_partial;
+  c.out = p.o;
+  c.out_dtype = p.dtype;
+  c.lse = p.lse;
+  c.num_splits = kp.num_splits;
+  c.batch = p.varlen ? 1 : p.batch;
+  c.seqlen = p.seqlen_q;
+  c.heads = p.heads_q;
+  c.head_dim = Traits::kHeadDimV;
+  c.op_split_stride = kp.op_split_stride;
+  c.op_batch_stride = kp.op_batch_stride;
+  c.op_row_stride = kp.op_row_stride;
+  c.op_head_stride = Traits::kHeadDimV;
+  c.lp_split_stride = kp.lp_split_stride;
+  c.lp_batch_stride = kp.lp_batch_stride;
+  c.lp_row_stride = 1;
+  c.lp_head_stride = kp.lp_head_stride;
+  c.o_batch_stride = p.varlen ? 0 : p.o_batch_stride;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse_batch_stride = p.varlen ? 0 : p.lse_batch_stride;
+  c.lse_row_stride = 1;
+  c.lse_head_stride = p.lse_head_stride;
+  if constexpr (Traits::kVarlen) {
+    c.seqs = kp.varlen.seqs;
+    c.num_seqs = p.batch;
+  }
+  return launch_combine(c, stream);
 }
 
 template <class Traits, class Scheduler>
@@ -133,8 +195,11 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
     return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
                                       kp, tile_counter);
   }
-  return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
-                                    kp, static_cast<int*>(nullptr));
+  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, 0));
+  FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads),
+                                                    smem, stream, kp, static_cast<int*>(nullptr)));
+  if constexpr (Traits::kSplit) return combine_split_partials<Traits>(p, kp, stream);
+  return Status::Ok();
 }
 
 inline VarlenSeqs varlen_seqs_of(const FwdParams& p) {
@@ -173,8 +238,9 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
   kp.tile_order = -1;
   kp.batch = p.batch;
-  // PackGQA: each sequence has seqlen_q x g packed rows.
-  const int64_t rows = int64_t(p.seqlen_q) * (Traits::kPackGQA ? kp.heads_per_kv : 1);
+  // PackGQA: each sequence has seqlen_q x P packed rows.
+  int64_t rows = p.seqlen_q;
+  if constexpr (Traits::kPackGQA) rows *= kp.pack_divmod.divisor;
   const int64_t bound = varlen_tiles_bound(rows, p.batch, Traits::kBlockM);
   if (bound > int64_t(INT32_MAX)) return Status::Invalid("varlen: more than 2^31 query tiles");
   // The scratch is the call's workspace (forward_workspace_bytes sizes it
@@ -192,10 +258,15 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   a.scratch = kp.varlen;
   FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 varlen prep launch", flash_fwd_varlen_prep_kernel<Traits>,
                                        varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a));
+  if constexpr (Traits::kSplit) {
+    FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, varlen_scratch_bytes(p.batch, bound)));
+  }
   constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
-  return launch_kernel_smem<kernel>("flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), kp.tile_heads),
-                                    dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp,
-                                    static_cast<int*>(nullptr));
+  FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>(
+      "flash3 forward kernel launch", VarlenTileScheduler::grid(int(bound), kp.tile_heads), dim3(Traits::kNumThreads),
+      Traits::kSmemBytes, stream, kp, static_cast<int*>(nullptr)));
+  if constexpr (Traits::kSplit) return combine_split_partials<Traits>(p, kp, stream);
+  return Status::Ok();
 }
 
 // The tile table's shapes. (d = 64 causal: the three-warpgroup tile spills

@@ -13,6 +13,7 @@
 //    one-tile CTAs: unequal tiles need the greedy, dynamic assignment).
 //  * VarlenTileScheduler: variable-length batches, one tile per CTA from the
 //    tile map the varlen prep kernel wrote (fwd/varlen_prep.h).
+// Split-KV launches fold the split into the head coordinate (split_work_tile).
 #pragma once
 #include <cutlass/cutlass.h>
 
@@ -20,16 +21,30 @@
 
 namespace flash3 {
 
-struct TileCoord {
+// One unit of work: query tile m_block of (head, batch), and for split-KV
+// launches the split of its KV range (0 otherwise).
+struct WorkTile {
   int m_block, head, batch;
+  int split = 0;
 };
+
+// Split-KV launches (FwdTraits::kSplit) span heads x num_splits in the
+// schedulers' head coordinate, splits of one head adjacent (they share the
+// tile's Q): scheduler head h is (head h / num_splits, split h % num_splits).
+CUTLASS_HOST_DEVICE WorkTile split_work_tile(WorkTile t, int num_splits) {
+  if (num_splits > 1) {
+    t.split = t.head % num_splits;
+    t.head /= num_splits;
+  }
+  return t;
+}
 
 struct SingleTileScheduler {
   static constexpr bool kDynamic = false;
   static dim3 grid(int num_m_blocks, int heads, int batch, int /*order*/) {
     return dim3(num_m_blocks, heads, batch);
   }
-  CUTLASS_DEVICE static TileCoord tile(int /*num_m_blocks*/, int /*heads*/, int /*order*/) {
+  CUTLASS_DEVICE static WorkTile tile(int /*num_m_blocks*/, int /*heads*/, int /*order*/) {
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   }
 };
@@ -50,7 +65,7 @@ struct LptTileScheduler {
   // (Written out from the block indices, not through from_linear: the d = 64
   // causal kernel is spill-bound at 160 registers, and that detour was part of
   // what made it compile differently, 3-5% slower at 4k-16k; src/fwd/kernel.h.)
-  CUTLASS_DEVICE static TileCoord tile(int num_m_blocks, int heads, int order) {
+  CUTLASS_DEVICE static WorkTile tile(int num_m_blocks, int heads, int order) {
     if (order < 0) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
     const int hb_total = int(gridDim.x);
     int hb, rank;  // rank 0 = longest tile
@@ -69,7 +84,7 @@ struct LptTileScheduler {
   }
   // The same order by launch rank lin (0 = first) for order >= 0, for the
   // persistent causal scheduler; hb_total = heads x batch.
-  CUTLASS_HOST_DEVICE static TileCoord from_linear(int lin, int num_m_blocks, int heads, int hb_total, int order) {
+  CUTLASS_HOST_DEVICE static WorkTile from_linear(int lin, int num_m_blocks, int heads, int hb_total, int order) {
     int hb = lin % hb_total, rank = lin / hb_total;  // order 0
     if (order > 0) {
       const int group = lin / (order * num_m_blocks);
@@ -94,7 +109,7 @@ struct PersistentTileScheduler {
     return dim3(unsigned(tiles < num_sms ? tiles : num_sms), 1, 1);
   }
   CUTLASS_HOST_DEVICE static int num_tiles(int num_m_blocks, int heads, int batch) { return num_m_blocks * heads * batch; }
-  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads, int /*batch*/,
+  CUTLASS_HOST_DEVICE static WorkTile tile_at(int linear, int num_m_blocks, int heads, int /*batch*/,
                                                int /*order*/) {
     const int hb = linear / num_m_blocks;
     return {linear - hb * num_m_blocks, hb % heads, hb / heads};
@@ -111,7 +126,7 @@ struct PersistentTileScheduler {
 // counter.
 struct DynamicLptTileScheduler : PersistentTileScheduler {
   static constexpr bool kDynamic = true;
-  CUTLASS_HOST_DEVICE static TileCoord tile_at(int linear, int num_m_blocks, int heads, int batch, int order) {
+  CUTLASS_HOST_DEVICE static WorkTile tile_at(int linear, int num_m_blocks, int heads, int batch, int order) {
     if (order < 0) return PersistentTileScheduler::tile_at(linear, num_m_blocks, heads, batch, order);
     return LptTileScheduler::from_linear(linear, num_m_blocks, heads, heads * batch, order);
   }
@@ -123,7 +138,7 @@ struct DynamicLptTileScheduler : PersistentTileScheduler {
 struct VarlenTileScheduler {
   static constexpr bool kDynamic = false;
   static dim3 grid(int tiles_bound, int heads) { return dim3(unsigned(tiles_bound), unsigned(heads), 1); }
-  CUTLASS_DEVICE static TileCoord tile(VarlenScratch const& s) {
+  CUTLASS_DEVICE static WorkTile tile(VarlenScratch const& s) {
     const VarlenTile t = s.tiles[blockIdx.x];
     return {t.m_block, int(blockIdx.y), t.batch};
   }

@@ -27,6 +27,11 @@ namespace flash3::gputest {
 constexpr double kEpsO = 1e-5;
 constexpr double kEpsLse = 1e-5;
 
+// Rows of poison after each batch element's out / lse rows (and after varlen's
+// last row) in the cases that look for stores outside the problem: more than
+// a packed tile's worth of query rows (tile_m <= 192).
+constexpr int kGapRows = 192;
+
 // FixedCase (gpu_case.h) and the forward's own options.
 struct FwdCase : FixedCase {
   int pack_gqa = -1;  // opts.pack_gqa; -1 (the API's default): the launch decides
@@ -200,6 +205,52 @@ struct FwdOutcome {
   double o_base = 0, lse_base = 0;
 };
 
+// The checks of one downloaded result (the whole out and lse allocations, lse
+// as bits): nothing written outside the out and lse views, O and LSE against
+// the reference. Returns the result dense, with its baselines; `record` adds
+// the errors and baselines as test properties.
+inline FwdOutcome judge_fwd_result(const FwdCase& c, const FwdPlan& p, const RefOutputs& ref,
+                                   const std::vector<uint16_t>& h_out, const std::vector<uint32_t>& h_lse,
+                                   bool record) {
+  const int64_t clobbered = count_clobbered(h_out, {&p.o});
+  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
+                          << " elements of the out allocation outside the (b, sq, hq, dv) view";
+  std::vector<double> lse(size_t(c.batch) * c.hq * c.sq);
+  std::vector<uint8_t> inside(h_lse.size(), 0);
+  for (int64_t ib = 0; ib < c.batch; ++ib)
+    for (int64_t ih = 0; ih < c.hq; ++ih)
+      for (int64_t is = 0; is < c.sq; ++is) {
+        const size_t at = size_t(ib * p.lse_sb + ih * p.lse_sh + is);
+        inside[at] = 1;
+        lse[size_t((ib * c.hq + ih) * c.sq + is)] = tu::bits_f32(h_lse[at]);
+      }
+  int64_t lse_outside = 0;
+  for (size_t i = 0; i < h_lse.size(); ++i) lse_outside += !inside[i] && h_lse[i] != kPoison32;
+  EXPECT_EQ(lse_outside, 0) << c.describe() << ": flash3 wrote " << lse_outside
+                            << " floats of the lse allocation outside the (b, hq, sq) view";
+
+  std::vector<double> o = extract(h_out, p.o, c.dtype);
+  const Verdict vo = judge("O", o, ref.o, ref.low_o, kEpsO, [&](size_t i) { return where_o(c, i); }, tol_factor(c));
+  if (record) {
+    ::testing::Test::RecordProperty("o_err", std::to_string(vo.r.err));
+    ::testing::Test::RecordProperty("o_baseline", std::to_string(vo.r.base_err));
+  }
+  EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << vo.text;
+  const Verdict vl =
+      judge("LSE", lse, ref.lse, ref.low_lse, kEpsLse, [&](size_t i) { return where_lse(c, i); }, tol_factor(c));
+  if (record) {
+    ::testing::Test::RecordProperty("lse_err", std::to_string(vl.r.err));
+    ::testing::Test::RecordProperty("lse_baseline", std::to_string(vl.r.base_err));
+  }
+  EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << vl.text;
+  FwdOutcome got;
+  got.o = std::move(o);
+  got.lse = std::move(lse);
+  got.o_base = vo.r.base_err;
+  got.lse_base = vl.r.base_err;
+  return got;
+}
+
 // Full check of one case: inputs from the case's seed, out / lse poisoned,
 // flash3::forward (through `call` if given), nothing written outside the out
 // and lse views (padding, gaps, guards), O and LSE against the fp32 GPU
@@ -224,39 +275,8 @@ inline void check_fwd_case(FwdDevice& d, const FwdCase& c, const ForwardCall& ca
   FLASH3_CUDA_OK(cudaMemcpy(h_out.data(), d.out.ptr, h_out.size() * 2, cudaMemcpyDeviceToHost));
   FLASH3_CUDA_OK(cudaMemcpy(h_lse.data(), d.lse.ptr, h_lse.size() * 4, cudaMemcpyDeviceToHost));
 
-  const int64_t clobbered = count_clobbered(h_out, {&p.o});
-  EXPECT_EQ(clobbered, 0) << c.describe() << ": flash3 wrote " << clobbered
-                          << " elements of the out allocation outside the (b, sq, hq, dv) view";
-  std::vector<double> lse(size_t(c.batch) * c.hq * c.sq);
-  std::vector<uint8_t> inside(h_lse.size(), 0);
-  for (int64_t ib = 0; ib < c.batch; ++ib)
-    for (int64_t ih = 0; ih < c.hq; ++ih)
-      for (int64_t is = 0; is < c.sq; ++is) {
-        const size_t at = size_t(ib * p.lse_sb + ih * p.lse_sh + is);
-        inside[at] = 1;
-        lse[size_t((ib * c.hq + ih) * c.sq + is)] = tu::bits_f32(h_lse[at]);
-      }
-  int64_t lse_outside = 0;
-  for (size_t i = 0; i < h_lse.size(); ++i) lse_outside += !inside[i] && h_lse[i] != kPoison32;
-  EXPECT_EQ(lse_outside, 0) << c.describe() << ": flash3 wrote " << lse_outside
-                            << " floats of the lse allocation outside the (b, hq, sq) view";
-
-  std::vector<double> o = extract(h_out, p.o, c.dtype);
-  const Verdict vo = judge("O", o, ref.o, ref.low_o, kEpsO, [&](size_t i) { return where_o(c, i); }, tol_factor(c));
-  ::testing::Test::RecordProperty("o_err", std::to_string(vo.r.err));
-  ::testing::Test::RecordProperty("o_baseline", std::to_string(vo.r.base_err));
-  EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << vo.text;
-  const Verdict vl =
-      judge("LSE", lse, ref.lse, ref.low_lse, kEpsLse, [&](size_t i) { return where_lse(c, i); }, tol_factor(c));
-  ::testing::Test::RecordProperty("lse_err", std::to_string(vl.r.err));
-  ::testing::Test::RecordProperty("lse_baseline", std::to_string(vl.r.base_err));
-  EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << vl.text;
-  if (outcome != nullptr) {
-    outcome->o = std::move(o);
-    outcome->lse = std::move(lse);
-    outcome->o_base = vo.r.base_err;
-    outcome->lse_base = vl.r.base_err;
-  }
+  FwdOutcome got = judge_fwd_result(c, p, ref, h_out, h_lse, true);
+  if (outcome != nullptr) *outcome = std::move(got);
 }
 
 }  // namespace flash3::gputest

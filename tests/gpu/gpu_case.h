@@ -307,6 +307,23 @@ inline bool packgqa_built(DType dt, HeadDims h) {
   return flash3::forward_is_built(dt, h.d, h.dv) && variant_listed("fwd", dt, h, "packgqa");
 }
 
+// The dtype a head-dim pair runs in: the first of bf16, fp16 with the packed
+// unit, else (with `unpacked_ok`) the first with the plain kernel.
+inline bool pick_pack_dtype(HeadDims h, bool unpacked_ok, DType* dt) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    if (packgqa_built(t, h)) {
+      *dt = t;
+      return true;
+    }
+  if (!unpacked_ok) return false;
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    if (flash3::forward_is_built(t, h.d, h.dv)) {
+      *dt = t;
+      return true;
+    }
+  return false;
+}
+
 // The softcap suites' values and masks (test_fwd_gpu.cpp, test_bwd_gpu.cpp).
 inline constexpr float kSoftcaps[] = {1.f, 5.f, 30.f};
 struct SoftcapMask {

@@ -30,6 +30,7 @@
 #include "gpu_helpers.cuh"
 #include "gpu_reference.cuh"
 #include "gpu_test_util.h"
+#include "graph_capture.h"
 #include "reference/reference.h"
 
 namespace {
@@ -394,39 +395,15 @@ void check_graph(const Case& c) {
   FLASH3_CUDA_OK(p.poison_outputs(p.stream));
   FLASH3_CUDA_OK(cudaMemsetAsync(ws.ptr, kPoison, need, p.stream));
   FLASH3_CUDA_OK(cudaStreamSynchronize(p.stream));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  struct GraphOwner {
-    cudaGraph_t* g;
-    cudaGraphExec_t* e;
-    ~GraphOwner() {
-      if (*e) cudaGraphExecDestroy(*e);
-      if (*g) cudaGraphDestroy(*g);
-    }
-  } owner{&graph, &exec};
-  FLASH3_CUDA_OK(cudaStreamBeginCapture(p.stream, cudaStreamCaptureModeGlobal));
-  const flash3::Status st = flash3::forward(p.args(ws.ptr, need), p.stream);
-  const cudaError_t end = cudaStreamEndCapture(p.stream, &graph);
-  ASSERT_TRUE(st.ok()) << "forward during capture: " << st.message;
-  ASSERT_EQ(end, cudaSuccess) << "cudaStreamEndCapture: " << cudaGetErrorString(end);
-  size_t n = 0;
-  FLASH3_CUDA_OK(cudaGraphGetNodes(graph, nullptr, &n));
-  ASSERT_GT(n, 0u) << "the captured graph is empty";
-  std::vector<cudaGraphNode_t> nodes(n);
-  FLASH3_CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    FLASH3_CUDA_OK(cudaGraphNodeGetType(node, &type));
-    EXPECT_NE(type, cudaGraphNodeTypeMemAlloc) << "the graph allocates despite the caller workspace";
-    EXPECT_NE(type, cudaGraphNodeTypeMemFree) << "the graph frees despite the caller workspace";
-  }
-  FLASH3_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  gputest::CapturedForward g;
+  gputest::capture_forward(p.args(ws.ptr, need), p.stream, &g);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(p.unpoisoned(), 0) << "capturing the forward ran it";
   for (int replay = 1; replay <= 2; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     FLASH3_CUDA_OK(p.poison_outputs(p.stream));
     FLASH3_CUDA_OK(cudaMemsetAsync(ws.ptr, kPoison, need, p.stream));
-    FLASH3_CUDA_OK(cudaGraphLaunch(exec, p.stream));
+    FLASH3_CUDA_OK(cudaGraphLaunch(g.exec, p.stream));
     Outputs got;
     ASSERT_TRUE(p.download(&got));
     FLASH3_CUDA_OK(cudaGetLastError());

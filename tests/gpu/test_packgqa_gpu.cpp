@@ -38,7 +38,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -68,11 +67,6 @@ using flash3::DType;
 using flash3::TensorView;
 namespace tu = flash3::testutil;
 using namespace flash3::gputest;
-
-// Rows of poison after each batch element's out / lse rows (and after varlen's
-// last row) in the cases that look for stores outside the problem: a packed
-// tile past the last query row covers fewer than tile_m (<= 192) query rows.
-constexpr int kGapRows = 192;
 
 // ---------------------------------------------------------------------------
 // The decision the launch must take.
@@ -259,23 +253,6 @@ FwdCase shape_case(const char* prefix, DType dt, HeadDims h, const PackShape& s)
   return c;
 }
 
-// The dtype a head-dim pair runs in: the first of bf16, fp16 with the packed
-// unit, else (with `unpacked_ok`) the first with the plain kernel.
-bool pick_pack_dtype(HeadDims h, bool unpacked_ok, DType* dt) {
-  for (DType t : {DType::kBFloat16, DType::kFloat16})
-    if (packgqa_built(t, h)) {
-      *dt = t;
-      return true;
-    }
-  if (!unpacked_ok) return false;
-  for (DType t : {DType::kBFloat16, DType::kFloat16})
-    if (flash3::forward_is_built(t, h.d, h.dv)) {
-      *dt = t;
-      return true;
-    }
-  return false;
-}
-
 // ===========================================================================
 // Forced packing, every head dim: bf16 with every case, then fp16 (where its
 // unit is built) with the reduced set.
@@ -411,38 +388,6 @@ TEST(PackGqaGpu, OtherValuesAreRejected) {
 // Variable length (varlen_case.h): every case has kGapRows rows of poison after
 // out and after each head's lse rows.
 // ===========================================================================
-// Sequence s as its own fixed-length problem (batch 1, eff_q x eff_k, its
-// bottom-right mask) on the fp32 GPU reference, reading its used rows in
-// place (offsets computed here, not by the kernels).
-::testing::AssertionResult sequence_reference(const VCase& c, const VPlan& p, int s, RefOutputs* r) {
-  const int sq = c.eff_q(s), sk = c.eff_k(s);
-  if (sk == 0) {  // no key: out = 0, lse = -inf
-    r->o.assign(size_t(sq) * c.hq * c.dv, 0.0);
-    r->low_o = r->o;
-    r->lse.assign(size_t(sq) * c.hq, -std::numeric_limits<double>::infinity());
-    r->low_lse = r->lse;
-    return ::testing::AssertionSuccess();
-  }
-  DeviceState& d = dev();
-  auto rows = [&](const View& v, int64_t row0, int64_t n) {
-    flash3::gpuref::Strided16 t;
-    t.data = d.in.as<const uint16_t>() + v.at(0, row0, 0, 0);
-    t.batch_stride = std::max<int64_t>(n, 1) * v.sr;
-    t.row_stride = v.sr;
-    t.head_stride = v.sh;
-    return t;
-  };
-  flash3::gpuref::Args ra;
-  ra.dtype = c.dtype;
-  ra.batch = 1, ra.seqlen_q = sq, ra.seqlen_k = sk, ra.heads_q = c.hq, ra.heads_kv = c.hkv;
-  ra.head_dim = c.d, ra.head_dim_v = c.dv;
-  ra.q = rows(p.q, p.cu_q[s], sq);
-  ra.k = rows(p.k, p.cu_k[s], sk);
-  ra.v = rows(p.v, p.cu_k[s], sk);
-  set_mask_and_scale(c, &ra);
-  return run_gpu_reference(ra, d, r);
-}
-
 // Full check of one varlen case: upload, poison, run (with the launch's
 // packing decision), then the poison outside the used rows and each sequence
 // against its own reference.
@@ -461,41 +406,13 @@ void check_vcase(const VCase& c) {
   Downloaded h;
   ASSERT_TRUE(download(d, p, d.out.ptr, d.lse.as<float>(), &h));
 
-  // Poison outside the used rows: rows beyond seqused, padding, the rows after
-  // the tensor (out) and after each head's rows (lse), the guards.
-  const int64_t tq = c.total_q();
-  std::vector<uint8_t> used_out(h.out.size(), 0), used_lse(h.lse.size(), 0);
-  for (int s = 0; s < c.n(); ++s)
-    for (int64_t i = 0; i < c.eff_q(s); ++i)
-      for (int hh = 0; hh < c.hq; ++hh) {
-        std::memset(&used_out[size_t(p.o.at(0, p.cu_q[s] + i, hh, 0))], 1, size_t(c.dv));
-        used_lse[size_t(hh * p.lse_stride + p.cu_q[s] + i)] = 1;
-      }
-  int64_t stray_o = 0, stray_lse = 0, first_stray_row = -1;
-  for (size_t i = 0; i < h.out.size(); ++i)
-    if (!used_out[i] && h.out[i] != kPoison16) {
-      if (stray_o++ == 0 && int64_t(i) >= p.o.offset) first_stray_row = (int64_t(i) - p.o.offset) / p.o.sr;
-    }
-  for (size_t i = 0; i < h.lse.size(); ++i) stray_lse += !used_lse[i] && h.lse[i] != kPoison32;
-  EXPECT_EQ(stray_o, 0) << c.describe() << ": flash3 wrote " << stray_o
-                        << " out elements outside the used rows (first in row " << first_stray_row << " of " << tq
-                        << "; rows beyond seqused_q, padding or the rows after the tensor)";
-  EXPECT_EQ(stray_lse, 0) << c.describe() << ": flash3 wrote " << stray_lse
-                          << " lse values outside the used rows (beyond seqused_q or past total_q)";
+  expect_only_used_rows_written(c, p, h);
 
   for (int s = 0; s < c.n(); ++s) {
-    const int sq = c.eff_q(s), sk = c.eff_k(s);
-    if (sq == 0) continue;
+    if (c.eff_q(s) == 0) continue;
     RefOutputs ref;
-    ASSERT_TRUE(sequence_reference(c, p, s, &ref)) << "sequence " << s;
-    std::ostringstream seq;
-    seq << "sequence " << s << " (rows " << p.cu_q[s] << "+" << sq << ", keys " << p.cu_k[s] << "+" << sk << ")";
-    const Verdict vo = judge("O", ours_o(c, p, h, s), ref.o, ref.low_o, kEpsO,
-                             [&](size_t i) { return where_seq_o(c, s, i); }, tol_factor(c));
-    EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vo.text;
-    const Verdict vl = judge("LSE", ours_lse(c, p, h, s), ref.lse, ref.low_lse, kEpsLse,
-                             [&](size_t i) { return where_seq_lse(s, sq, i); }, tol_factor(c));
-    EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << seq.str() << "\n  " << vl.text;
+    ASSERT_TRUE(sequence_reference(d, c, p, s, &ref)) << "sequence " << s;
+    expect_sequence_close(c, s, sequence_desc(c, p, s), ours_o(c, p, h, s), ours_lse(c, p, h, s), ref);
   }
 }
 
@@ -505,24 +422,7 @@ void check_vcase(const VCase& c) {
 constexpr int kVarlenMaxLen = 600;
 
 // Uniform in [0, 600], with 0 and 1 a tenth of the time each.
-int draw_len(Rng& g) {
-  const int r = int(g.next() % 10);
-  if (r == 0) return 0;
-  if (r == 1) return 1;
-  return g.uniform(0, kVarlenMaxLen);
-}
-
-enum class VMask { kNone, kCausal, kLocal, kCausalLocal, kLeftOnly };
-
-struct VSpec {
-  const char* tag;
-  int n;  // sequences
-  Heads heads;
-  VMask mask;
-  bool seqused_q, seqused_k;
-  Layout layout;
-  std::vector<LenPair> forced;  // placed first, then random lengths, then shuffled
-};
+int draw_len(Rng& g) { return draw_len_with_ends(g, kVarlenMaxLen); }
 
 // The varlen cases of one (dtype, head dims): all eight (quick: every other),
 // or the reduced set of the second dtype (every third).
@@ -545,26 +445,7 @@ std::vector<VCase> varlen_cases(DType dt, HeadDims h, bool full) {
   const int n_specs = int(sizeof(specs) / sizeof(specs[0]));
   for (int i = 0; i < n_specs; ++i) {
     if (full ? (quick_mode() && i % 2 != 0) : i % 3 != 0) continue;
-    const VSpec& sp = specs[i];
-    VCase c;
-    c.dtype = dt, c.d = h.d, c.dv = h.dv, c.hq = sp.heads.hq, c.hkv = sp.heads.hkv;
-    c.layout = sp.layout;
-    c.pack_gqa = 1;
-    c.gap_rows = kGapRows;
-    c.name = std::string("packgqa_varlen_") + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + sp.tag;
-    c.seed = fnv1a(c.name);
-    Rng g = fill_lengths(&c, sp.n, sp.forced, draw_len);
-    if (sp.seqused_q) c.used_q = draw_used(c.len_q, 0, c.seed ^ 0x05ed);
-    if (sp.seqused_k) c.used_k = draw_used(c.len_k, 3, c.seed ^ 0x5eed);
-    const int max_k = c.max_k();
-    switch (sp.mask) {
-      case VMask::kNone: break;
-      case VMask::kCausal: c.causal = true; break;
-      case VMask::kLocal: c.wl = g.uniform(0, max_k - 1), c.wr = g.uniform(0, max_k - 1); break;
-      case VMask::kCausalLocal: c.causal = true, c.wl = g.uniform(0, max_k - 1); break;
-      case VMask::kLeftOnly: c.wl = g.uniform(0, max_k - 1); break;
-    }
-    out.push_back(c);
+    out.push_back(spec_vcase(specs[i], "packgqa_varlen_", dt, h, draw_len));
   }
   return out;
 }
@@ -648,17 +529,7 @@ TEST(PackGqaGpu, NoStoresOutsideTheProblem) {
     }
     // Varlen: every sequence shortened by seqused_q, the last one ending the
     // tensor mid-tile.
-    VCase v;
-    v.dtype = dt, v.d = h.d, v.dv = h.dv, v.hq = 16, v.hkv = 2;
-    v.pack_gqa = 1;
-    v.gap_rows = kGapRows;
-    v.len_q = {17, 3, 100, 1, 41};
-    v.len_k = {300, 64, 129, 7, 250};
-    v.used_q = {10, 3, 51, 0, 33};
-    v.causal = true;
-    v.name = std::string("packgqa_stores_varlen_") + tu::short_dtype(dt) + "_" + head_dims_name(h);
-    v.seed = fnv1a(v.name);
-    check_packed_vcase(v);
+    check_packed_vcase(stores_vcase("packgqa_stores_varlen_", dt, h, {300, 64, 129, 7, 250}, Layout::kContiguous));
     if (HasFatalFailure()) return;
     ++ran;
   }

@@ -1,6 +1,7 @@
-// The variable-length forward's case, memory plan, arguments and runs, and the
-// builder of its batches (random lengths, seqused), shared by
-// test_varlen_gpu.cpp and test_packgqa_gpu.cpp.
+// The variable-length forward's case, memory plan, arguments and runs, the
+// checks of a result (per-sequence reference, poison outside the used rows),
+// and the builder of its batches (random lengths, seqused), shared by
+// test_varlen_gpu.cpp, test_packgqa_gpu.cpp and test_splitkv_gpu.cpp.
 //
 // Layouts (flash3.h): q (total_q, hq, d), k (total_k, hkv, d), v (total_k, hkv, dv),
 // out (total_q, hq, dv), lse (hq, total_q) fp32. Sequence b owns rows
@@ -8,6 +9,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -300,6 +303,86 @@ inline std::string where_seq_lse(int s, int sq, size_t i) {
 }
 
 // ---------------------------------------------------------------------------
+// Checks of one downloaded result.
+// ---------------------------------------------------------------------------
+// Sequence s as its own fixed-length problem (batch 1, eff_q x eff_k, its
+// bottom-right mask) on the fp32 GPU reference, reading its used rows of d.in
+// in place (offsets computed here, not by the kernels).
+inline ::testing::AssertionResult sequence_reference(VarlenDevice& d, const VCase& c, const VPlan& p, int s,
+                                                     RefOutputs* r) {
+  const int sq = c.eff_q(s), sk = c.eff_k(s);
+  if (sk == 0) {  // no key: out = 0, lse = -inf
+    r->o.assign(size_t(sq) * c.hq * c.dv, 0.0);
+    r->low_o = r->o;
+    r->lse.assign(size_t(sq) * c.hq, -std::numeric_limits<double>::infinity());
+    r->low_lse = r->lse;
+    return ::testing::AssertionSuccess();
+  }
+  auto rows = [&](const View& v, int64_t row0, int64_t n) {
+    flash3::gpuref::Strided16 t;
+    t.data = d.in.as<const uint16_t>() + v.at(0, row0, 0, 0);
+    t.batch_stride = std::max<int64_t>(n, 1) * v.sr;
+    t.row_stride = v.sr;
+    t.head_stride = v.sh;
+    return t;
+  };
+  flash3::gpuref::Args ra;
+  ra.dtype = c.dtype;
+  ra.batch = 1, ra.seqlen_q = sq, ra.seqlen_k = sk, ra.heads_q = c.hq, ra.heads_kv = c.hkv;
+  ra.head_dim = c.d, ra.head_dim_v = c.dv;
+  ra.q = rows(p.q, p.cu_q[s], sq);
+  ra.k = rows(p.k, p.cu_k[s], sk);
+  ra.v = rows(p.v, p.cu_k[s], sk);
+  set_mask_and_scale(c, &ra);
+  return run_gpu_reference(ra, d, r);
+}
+
+// The poison outside the used rows still there: rows beyond seqused_q,
+// padding, the rows after the tensor (out) and after each head's rows (lse),
+// the guards.
+inline void expect_only_used_rows_written(const VCase& c, const VPlan& p, const Downloaded& h) {
+  const int64_t tq = c.total_q();
+  std::vector<uint8_t> used_out(h.out.size(), 0), used_lse(h.lse.size(), 0);
+  for (int s = 0; s < c.n(); ++s)
+    for (int64_t i = 0; i < c.eff_q(s); ++i)
+      for (int hh = 0; hh < c.hq; ++hh) {
+        std::memset(&used_out[size_t(p.o.at(0, p.cu_q[s] + i, hh, 0))], 1, size_t(c.dv));
+        used_lse[size_t(hh * p.lse_stride + p.cu_q[s] + i)] = 1;
+      }
+  int64_t stray_o = 0, stray_lse = 0, first_stray_row = -1;
+  for (size_t i = 0; i < h.out.size(); ++i)
+    if (!used_out[i] && h.out[i] != kPoison16) {
+      if (stray_o++ == 0 && int64_t(i) >= p.o.offset) first_stray_row = (int64_t(i) - p.o.offset) / p.o.sr;
+    }
+  for (size_t i = 0; i < h.lse.size(); ++i) stray_lse += !used_lse[i] && h.lse[i] != kPoison32;
+  EXPECT_EQ(stray_o, 0) << c.describe() << ": flash3 wrote " << stray_o
+                        << " out elements outside the used rows (first in row " << first_stray_row << " of " << tq
+                        << "; rows beyond seqused_q, padding or the rows after the tensor)";
+  EXPECT_EQ(stray_lse, 0) << c.describe() << ": flash3 wrote " << stray_lse
+                          << " lse values outside the used rows (beyond seqused_q or past total_q)";
+}
+
+// "sequence s (rows cu_q+sq, keys cu_k+sk)", for failure messages.
+inline std::string sequence_desc(const VCase& c, const VPlan& p, int s) {
+  std::ostringstream seq;
+  seq << "sequence " << s << " (rows " << p.cu_q[s] << "+" << c.eff_q(s) << ", keys " << p.cu_k[s] << "+"
+      << c.eff_k(s) << ")";
+  return seq.str();
+}
+
+// Sequence s's o (sq, hq, dv) and lse (hq, sq) against its reference.
+inline void expect_sequence_close(const VCase& c, int s, const std::string& seq, const std::vector<double>& o,
+                                  const std::vector<double>& l, const RefOutputs& ref) {
+  const int sq = c.eff_q(s);
+  const Verdict vo =
+      judge("O", o, ref.o, ref.low_o, kEpsO, [&](size_t i) { return where_seq_o(c, s, i); }, tol_factor(c));
+  EXPECT_TRUE(vo.ok) << c.describe() << "\n  " << seq << "\n  " << vo.text;
+  const Verdict vl =
+      judge("LSE", l, ref.lse, ref.low_lse, kEpsLse, [&](size_t i) { return where_seq_lse(s, sq, i); }, tol_factor(c));
+  EXPECT_TRUE(vl.ok) << c.describe() << "\n  " << seq << "\n  " << vl.text;
+}
+
+// ---------------------------------------------------------------------------
 // Batches: random lengths and seqused, reproducible from the case's seed.
 // ---------------------------------------------------------------------------
 struct Rng {
@@ -345,6 +428,76 @@ inline std::vector<int> draw_used(const std::vector<int>& len, int shift, uint64
     }
   }
   return u;
+}
+
+// Uniform in [0, max_len], with 0 and 1 a tenth of the time each.
+inline int draw_len_with_ends(Rng& g, int max_len) {
+  const int r = int(g.next() % 10);
+  if (r == 0) return 0;
+  if (r == 1) return 1;
+  return g.uniform(0, max_len);
+}
+
+// The varlen case of the tests for stores outside the problem: GQA 16:2
+// packed, causal, kGapRows rows of poison after the tensor, five sequences
+// with keys len_k, every one shortened by seqused_q (the last ending the
+// tensor mid-tile); named prefix + dtype + head dims (the seed).
+inline VCase stores_vcase(const char* prefix, DType dt, HeadDims h, std::vector<int> len_k, Layout layout) {
+  VCase v;
+  v.dtype = dt, v.d = h.d, v.dv = h.dv, v.hq = 16, v.hkv = 2;
+  v.pack_gqa = 1;
+  v.gap_rows = kGapRows;
+  v.layout = layout;
+  v.len_q = {17, 3, 100, 1, 41};
+  v.len_k = std::move(len_k);
+  v.used_q = {10, 3, 51, 0, 33};
+  v.causal = true;
+  v.name = std::string(prefix) + tu::short_dtype(dt) + "_" + head_dims_name(h);
+  v.seed = fnv1a(v.name);
+  return v;
+}
+
+// The mask of a batch spec; the windows are drawn from the batch's lengths.
+enum class VMask { kNone, kCausal, kLocal, kCausalLocal, kLeftOnly };
+
+// One batch of a suite's varlen cases.
+struct VSpec {
+  const char* tag;
+  int n;  // sequences
+  Heads heads;
+  VMask mask;
+  bool seqused_q, seqused_k;
+  Layout layout;
+  std::vector<LenPair> forced;  // placed first, then random lengths, then shuffled
+  int pack = 1, max_pad = 0;
+};
+
+// The case of spec sp in (dt, h), named prefix + dtype + head dims + tag (the
+// seed): lengths from fill_lengths with `draw_len`, seqused where asked, the
+// mask's window drawn after the lengths, kGapRows rows of poison after the
+// tensor.
+template <class DrawLen>
+VCase spec_vcase(const VSpec& sp, const char* prefix, DType dt, HeadDims h, DrawLen&& draw_len) {
+  VCase c;
+  c.dtype = dt, c.d = h.d, c.dv = h.dv, c.hq = sp.heads.hq, c.hkv = sp.heads.hkv;
+  c.layout = sp.layout;
+  c.pack_gqa = sp.pack;
+  c.max_pad = sp.max_pad;
+  c.gap_rows = kGapRows;
+  c.name = std::string(prefix) + tu::short_dtype(dt) + "_" + head_dims_name(h) + "_" + sp.tag;
+  c.seed = fnv1a(c.name);
+  Rng g = fill_lengths(&c, sp.n, sp.forced, draw_len);
+  if (sp.seqused_q) c.used_q = draw_used(c.len_q, 0, c.seed ^ 0x05ed);
+  if (sp.seqused_k) c.used_k = draw_used(c.len_k, 3, c.seed ^ 0x5eed);
+  const int max_k = c.max_k();
+  switch (sp.mask) {
+    case VMask::kNone: break;
+    case VMask::kCausal: c.causal = true; break;
+    case VMask::kLocal: c.wl = g.uniform(0, max_k - 1), c.wr = g.uniform(0, max_k - 1); break;
+    case VMask::kCausalLocal: c.causal = true, c.wl = g.uniform(0, max_k - 1); break;
+    case VMask::kLeftOnly: c.wl = g.uniform(0, max_k - 1); break;
+  }
+  return c;
 }
 
 }  // namespace flash3::gputest

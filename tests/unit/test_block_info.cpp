@@ -168,6 +168,54 @@ TEST(BlockRange, PackedRowsCoverTheirQueryRows) {
   }
 }
 
+// Split-KV: the splits of a tile's range partition it in order (disjoint, no
+// block lost, sizes differ by at most the remainder), and every block a split
+// runs without a mask (not its first block, outside its clamped mask segments)
+// is fully visible to the tile's real rows, checked by brute force.
+TEST(BlockRange, SplitsPartitionTheRangeAndKeepMasks) {
+  std::mt19937 rng(11);
+  const int windows[][2] = {{-1, -1}, {-1, 0}, {128, 0}, {37, 5}, {0, 0}, {300, -1}};
+  for (const auto& w : windows) {
+    for (int t = 0; t < 30; ++t) {
+      MaskSpec m;
+      m.seqlen_q = 1 + rng() % 300;
+      m.seqlen_k = rng() % 900;
+      m.window_left = w[0];
+      m.window_right = w[1];
+      const int g = 1 + rng() % 8;
+      const int tile_m = 128, tile_n = 64 + 16 * int(rng() % 5);
+      const int num_m = (m.seqlen_q * g + tile_m - 1) / tile_m;
+      for (int mb = 0; mb < num_m; ++mb) {
+        const NBlockRange full = flash3::fwd_n_block_range_packed(m, mb, tile_m, tile_n, g);
+        for (int splits : {1, 2, 3, 5, 17}) {
+          SCOPED_TRACE(tile_trace(m, full, mb, tile_m, tile_n, g) + " splits=" + std::to_string(splits));
+          int next = full.n_min;  // the first block the next non-empty split must start at
+          for (int s = 0; s < splits; ++s) {
+            const NBlockRange r = flash3::split_n_block_range(full, s, splits);
+            if (r.empty()) continue;
+            EXPECT_EQ(r.n_min, next) << "split " << s;
+            next = r.n_max;
+            EXPECT_LE(r.n_max - r.n_min, (full.n_max - full.n_min + splits - 1) / splits);
+            EXPECT_GE(r.n_min_right_masked, r.n_min);
+            EXPECT_LE(r.n_min_right_masked, r.n_max);
+            EXPECT_GE(r.n_max_left_masked, r.n_min);
+            EXPECT_LE(r.n_max_left_masked, r.n_max);
+            for (int n = r.n_min; n < r.n_max; ++n) {
+              const bool unmasked = n != r.n_max - 1 && n < r.n_min_right_masked && n >= r.n_max_left_masked;
+              if (!unmasked) continue;
+              for (int p = mb * tile_m; p < std::min((mb + 1) * tile_m, m.seqlen_q * g); ++p)
+                for (int j = n * tile_n; j < (n + 1) * tile_n; ++j)
+                  ASSERT_TRUE(visible(m, p / g, j)) << "split " << s << " block " << n << " unmasked, row " << p
+                                                    << " col " << j << " masked";
+            }
+          }
+          EXPECT_EQ(next, full.empty() ? full.n_min : full.n_max) << "blocks lost at the end";
+        }
+      }
+    }
+  }
+}
+
 // The PackGQA decision (dispatch.cu): explicit requests, the tile-fill rule,
 // and the problems that never pack.
 TEST(PackGqa, DecisionFollowsRequestAndTileFill) {

@@ -92,12 +92,15 @@ TEST_F(CApi, DefaultOptions) {
   EXPECT_EQ(o.seqused_q, nullptr);
   EXPECT_EQ(o.seqused_k, nullptr);
   EXPECT_EQ(o.pack_gqa, -1);
+  EXPECT_EQ(o.num_splits, 1);
+  EXPECT_EQ(o.reserved0, 0);
   // The C defaults are the C++ defaults.
   const flash3::AttentionOptions cpp;
   EXPECT_EQ(o.num_sequences, cpp.num_sequences);
   EXPECT_EQ(o.seqused_q, cpp.seqused_q);
   EXPECT_EQ(o.seqused_k, cpp.seqused_k);
   EXPECT_EQ(o.pack_gqa, cpp.pack_gqa);
+  EXPECT_EQ(o.num_splits, cpp.num_splits);
   EXPECT_EQ(o.window_left, cpp.window_left);
   EXPECT_EQ(o.window_right, cpp.window_right);
   EXPECT_EQ(o.softcap, cpp.softcap);

@@ -24,7 +24,7 @@ TEST(PersistentTileScheduler, EveryTileExactlyOnce) {
     std::set<std::tuple<int, int, int>> seen;
     for (int c = 0; c < grid; ++c) {
       for (int linear = c; linear < S::num_tiles(m, h, b); linear += grid) {
-        const flash3::TileCoord t = S::tile_at(linear, m, h, b, 0);
+        const flash3::WorkTile t = S::tile_at(linear, m, h, b, 0);
         ASSERT_GE(t.m_block, 0);
         ASSERT_LT(t.m_block, m);
         ASSERT_LT(t.head, h);
@@ -222,7 +222,7 @@ TEST(DynamicLptTileScheduler, EveryTileOnceLongestFirstBalanced) {
       std::vector<long> load(grid, 0);
       long total = 0;
       for (int linear = 0; linear < n; ++linear) {
-        const flash3::TileCoord t = S::tile_at(linear, m, h, b, order);
+        const flash3::WorkTile t = S::tile_at(linear, m, h, b, order);
         ASSERT_TRUE(t.m_block >= 0 && t.m_block < m && t.head >= 0 && t.head < h && t.batch >= 0 && t.batch < b);
         EXPECT_TRUE(seen.insert({t.m_block, t.head, t.batch}).second) << "tile visited twice";
         if (order >= 0 && linear < h * b && (order == 0 || order >= h * b)) EXPECT_EQ(t.m_block, m - 1);

@@ -817,6 +817,42 @@ TEST_F(ValidationForward, VarlenForwardIsSupported) {
   }
 }
 
+TEST_F(ValidationForward, NumSplits) {
+  // 0 (heuristic), 1 (no split, the default), n in [2, 256]; anything else is
+  // rejected, forward and backward (shared options; the backward ignores it).
+  EXPECT_EQ(flash3::AttentionOptions{}.num_splits, 1);
+  for (int bad : {-1, 257, INT32_MIN, INT32_MAX}) {
+    const std::string want = "opts.num_splits is " + std::to_string(bad) + "; expected 0 (heuristic), 1 (no split)";
+    ForwardArgs a = make_fwd();
+    a.opts.num_splits = bad;
+    EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {want.c_str()}));
+    EXPECT_TRUE(IsError(flash3::forward(a, nullptr), StatusCode::kInvalidArgument, {want.c_str()}));
+    ForwardArgs v = make_varlen();
+    v.opts.num_splits = bad;
+    EXPECT_TRUE(IsError(flash3::validate_forward(v), StatusCode::kInvalidArgument, {want.c_str()}));
+    BackwardArgs b = make_bwd();
+    b.opts.num_splits = bad;
+    EXPECT_TRUE(IsError(flash3::validate_backward(b), StatusCode::kInvalidArgument, {want.c_str()}));
+  }
+  // Valid values get the same answer as the default (the kernel check does not
+  // depend on it: softcap runs the unsplit kernel).
+  for (int ok : {0, 1, 2, 3, 255, 256}) {
+    ForwardArgs a = make_fwd();
+    a.opts.num_splits = ok;
+    expect_valid_forward(a);
+    BackwardArgs b = make_bwd();
+    b.opts.num_splits = ok;
+    EXPECT_TRUE(IsOk(flash3::check_backward_structure(b))) << ok;
+    ForwardArgs v = make_varlen();
+    v.opts.num_splits = ok;
+    EXPECT_TRUE(IsOk(flash3::check_forward_structure(v))) << ok;
+    ForwardArgs c = make_fwd();
+    c.opts.softcap = 30.f;
+    c.opts.num_splits = ok;
+    EXPECT_TRUE(IsKernelCheckAnswer(flash3::validate_forward(c), true, DType::kBFloat16, 64, 64, 30.f)) << ok;
+  }
+}
+
 TEST_F(ValidationForward, PackGqa) {
   // -1 (heuristic), 0 (off), 1 (on); anything else is rejected, forward and
   // backward (shared options; the backward otherwise ignores it).
@@ -1393,6 +1429,18 @@ TEST_F(ValidationParams, PackGqaCopied) {
     ForwardArgs l = make_varlen();
     l.opts.pack_gqa = v;
     EXPECT_EQ(flash3::make_fwd_params(l).pack_gqa, v);
+  }
+}
+
+TEST_F(ValidationParams, NumSplitsCopied) {
+  ForwardArgs a = make_fwd();
+  EXPECT_EQ(flash3::make_fwd_params(a).num_splits, 1);  // the default: no split
+  for (int v : {0, 1, 2, 7, 256}) {
+    a.opts.num_splits = v;
+    EXPECT_EQ(flash3::make_fwd_params(a).num_splits, v);
+    ForwardArgs l = make_varlen();
+    l.opts.num_splits = v;
+    EXPECT_EQ(flash3::make_fwd_params(l).num_splits, v);
   }
 }
 
