@@ -67,25 +67,33 @@ class Modes(unittest.TestCase):
         self.assertEqual((a.hdims, a.seqlens, a.causal), ("128", bench.PACK_GQA_SEQLENS_Q, "off"))
         _, a = bench.parse_args(["--pack-gqa", "--seqlens", "1,8", "--causal", "both"])
         self.assertEqual((a.seqlens, a.causal), ("1,8", "both"))
+        _, a = bench.parse_args(["--split-kv"])
+        self.assertEqual((a.mode, a.hdims, a.seqlens, a.causal), ("split_kv", "128", "1", "off"))
         _, a = bench.parse_args([])
         self.assertEqual(a.causal, "both")
 
     def test_options_layouts(self):
         # flash3_options grows at the end only: each older layout is a prefix of
-        # the newest, and pack_gqa is its last field.
+        # the newest; num_splits and reserved0 (which keeps the size apart from the
+        # pack_gqa layout's, whose padding num_splits took) are its last fields.
         import ctypes
-        new, v2, v1 = bench.F3Options, bench.F3OptionsV2, bench.F3OptionsV1
-        self.assertEqual(new._fields_[:len(v2._fields_)], v2._fields_)
+        new, v3, v2, v1 = bench.F3Options, bench.F3OptionsV3, bench.F3OptionsV2, bench.F3OptionsV1
+        self.assertEqual(new._fields_[:len(v3._fields_)], v3._fields_)
+        self.assertEqual(v3._fields_[:len(v2._fields_)], v2._fields_)
         self.assertEqual(v2._fields_[:len(v1._fields_)], v1._fields_)
-        self.assertEqual(new._fields_[-1][0], "pack_gqa")
-        self.assertEqual(new.pack_gqa.offset, ctypes.sizeof(v2))  # right after seqused_k, as in flash3_c.h
-        self.assertEqual(len({ctypes.sizeof(c) for c in (new, v2, v1)}), 3)
+        self.assertEqual([f for f, _ in new._fields_[-2:]], ["num_splits", "reserved0"])
+        self.assertEqual(v3._fields_[-1][0], "pack_gqa")
+        self.assertEqual(v3.pack_gqa.offset, ctypes.sizeof(v2))  # right after seqused_k, as in flash3_c.h
+        self.assertEqual(new.num_splits.offset, v3.pack_gqa.offset + 4)
+        self.assertEqual(len({ctypes.sizeof(c) for c in (new, v3, v2, v1)}), 4)
 
     def test_one_mode_at_a_time(self):
         with self.assertRaises(SystemExit):
             bench.parse_args(["--power", "--fixed-cost"])
         with self.assertRaises(SystemExit):
             bench.parse_args(["--pack-gqa", "--varlen"])
+        with self.assertRaises(SystemExit):
+            bench.parse_args(["--pack-gqa", "--split-kv"])
 
 
 class CsvRoundTrip(unittest.TestCase):
