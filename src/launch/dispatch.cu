@@ -142,13 +142,12 @@ static Status not_built(const char* pass, const FwdParams& p) {
 }
 
 Status launch_forward(const FwdParams& params, cudaStream_t stream) {
-  if (fwd_runs_packed(params)) {
-    // The packed unit takes the decisions resolved: pack_gqa 1 (P = g) or 0
-    // (P = 1), num_splits >= 1.
-    FwdParams resolved = params;
-    resolved.pack_gqa = fwd_pack_gqa(params) ? 1 : 0;
-    resolved.num_splits = fwd_num_splits(params);
-    static_cast<void>(resolved);  // (no packed unit in a build without the packgqa feature)
+  // The packed unit takes the decisions resolved (each made once per call):
+  // pack_gqa 1 (P = g) or 0 (P = 1), num_splits >= 1.
+  FwdParams resolved = params;
+  resolved.pack_gqa = fwd_pack_gqa(params) ? 1 : 0;
+  resolved.num_splits = fwd_num_splits(params);
+  if (resolved.pack_gqa == 1 || resolved.num_splits > 1) {
 #define FLASH3_FWD(E, T, D, DV, SM)
 #define FLASH3_BWD(E, T, D, DV, SM)
 #define FLASH3_FWD_PACKGQA(E, T, D, DV)                                                     \
