@@ -55,6 +55,10 @@ Modes:
                    sustained and interleaved like --steady; time per call (us), effective K+V read
                    bandwidth and cuDNN time / split time; both flash3 results checked on batch
                    element 0 (--no-check: not).
+  --kvcache        the KV-cache decode step on the --split-kv rows: flash3_forward_kvcache on a full
+                   cache (cache), with its last row appended by the call (append), and with rotary
+                   on that row and q (rope), next to flash3_forward (split) and cuDNN, num_splits 0,
+                   CUDA-graph replay; cuDNN time / append time.
   --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
@@ -69,6 +73,7 @@ Usage:
   python3 bench/bench.py --fixed-cost --hdims 128 --seqlen-k 4k --seqlens 2k,4k,8k,16k --tile-m 80
   python3 bench/bench.py --pack-gqa
   python3 bench/bench.py --split-kv
+  python3 bench/bench.py --kvcache
   python3 bench/bench.py --from-csv out.csv --plot out.png
 Profiling one kernel: ncu --kernel-name regex:flash_bwd_kernel --launch-count 1 python3
 bench/bench.py --iters 1 --warmup 0 --no-check --passes bwd --hdims 128 --seqlens 8k --causal off;
@@ -164,6 +169,14 @@ class F3OptionsNoSize(ctypes.Structure):
     _fields_ = _OPTION_FIELDS
 
 
+class F3KVCacheArgs(ctypes.Structure):
+    """flash3_kvcache_args (flash3_c.h)."""
+    _fields_ = [("struct_size", ctypes.c_uint32), ("rotary_interleaved", ctypes.c_int32)] + [
+        (n, ctypes.POINTER(F3Tensor)) for n in ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
+                                                "rotary_sin", "out", "lse")] + [
+        (n, ctypes.c_void_p) for n in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens")]
+
+
 class Flash3Lib:
     def __init__(self, path):
         self.path = path
@@ -197,6 +210,15 @@ class Flash3Lib:
             lib.flash3_forward_with_workspace.restype = ctypes.c_int
             lib.flash3_forward_with_workspace.argtypes = [T, T, T, T, T, O, ctypes.c_void_p, ctypes.c_size_t,
                                                           ctypes.c_void_p]
+        self.has_kvcache = hasattr(lib, "flash3_forward_kvcache")
+        if self.has_kvcache:
+            K = ctypes.POINTER(F3KVCacheArgs)
+            lib.flash3_default_kvcache_args.restype = F3KVCacheArgs
+            lib.flash3_default_kvcache_args.argtypes = []
+            lib.flash3_forward_kvcache.restype = ctypes.c_int
+            lib.flash3_forward_kvcache.argtypes = [K, O, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+            lib.flash3_kvcache_workspace_size.restype = ctypes.c_size_t
+            lib.flash3_kvcache_workspace_size.argtypes = [K, O]
         lib.flash3_validate_forward.restype = ctypes.c_int
         lib.flash3_validate_forward.argtypes = [T, T, T, T, T, O]
         for fn in (lib.flash3_forward_is_built, lib.flash3_backward_is_built):
@@ -289,6 +311,53 @@ class Flash3Call:
 
     def bwd(self):
         return self.lib.lib.flash3_backward(*self._bwd)
+
+
+class KVCacheCall:
+    """flash3_forward_kvcache on a contiguous cache holding k / v (b, sk, hkv, d), every
+    sequence full (cache_seqlens = sk). append: the last cache row comes in as k_new / v_new
+    (one row per sequence, cache_seqlens = sk - 1; the same values, so the result is plain
+    attention over k / v); rope: that row and q also rotated (the result then differs: not
+    checked; it writes into a copy of k / v). The workspace is allocated once; .status is the
+    first call's, .out the output."""
+
+    def __init__(self, torch, lib, q, k, v, opts, stream, append=False, rope=False):
+        P = ctypes.byref
+        dt = FLASH3_BF16 if q.dtype == torch.bfloat16 else FLASH3_FP16
+        b, sq, hq, d = q.shape
+        sk = k.shape[1]
+        self.lib, self.check = lib, not rope
+        self.out = torch.empty_like(q)
+        self.lse_buf = torch.empty((hq, b, sq), device=q.device, dtype=torch.float32)
+        self.seqlens = torch.full((b,), sk - 1 if append else sk, device=q.device, dtype=torch.int32)
+        if rope:  # its own cache: the rotated row it writes must not change the others' keys
+            k, v = k.clone(), v.clone()
+        keep = dict(q=q, k_cache=k, v_cache=v, out=self.out)
+        if append:
+            keep.update(k_new=k[:, sk - 1:].clone(), v_new=v[:, sk - 1:].clone())
+        if rope:
+            pos = torch.arange(sk, device=q.device, dtype=torch.float32)[:, None]
+            inv = 10000.0 ** (-torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d)
+            keep.update(rotary_cos=torch.cos(pos * inv).to(q.dtype), rotary_sin=torch.sin(pos * inv).to(q.dtype))
+        self._keep = keep
+        self._t = {n: f3_tensor(x, dt) for n, x in keep.items()}
+        self._tl = f3_tensor(self.lse_buf.permute(1, 0, 2), FLASH3_FP32)
+        a = lib.lib.flash3_default_kvcache_args()
+        for n, t in self._t.items():
+            setattr(a, n, ctypes.pointer(t))
+        a.lse = ctypes.pointer(self._tl)
+        a.cache_seqlens = self.seqlens.data_ptr()
+        self.args, self.opts = a, opts
+        st = stream if isinstance(stream, ctypes.c_void_p) else ctypes.c_void_p(stream)
+        ws = int(lib.lib.flash3_kvcache_workspace_size(P(a), P(opts)))
+        self.ws = torch.empty(max(ws, 1), device=q.device, dtype=torch.uint8)
+        self._call = (P(a), P(opts), ctypes.c_void_p(self.ws.data_ptr()), ctypes.c_size_t(ws), st)
+        # The tensors above were written on the current stream; the call may run on another.
+        torch.cuda.synchronize()
+        self.status = self.fwd()
+
+    def fwd(self):
+        return self.lib.lib.flash3_forward_kvcache(*self._call)
 
 
 # ---------------------------------------------------------------------------
@@ -1328,6 +1397,37 @@ def run_split_kv(args, torch, F, sdpa_ctx, dtype):
         ("split / cuDNN", ratio, "split bandwidth / cuDNN's"), graph=True)
 
 
+def decode_call(torch, lib, q, k, v, scale, causal, contender, stream):
+    """A contender of run_decode_rows: its options, and "kvcache" (absent: flash3_forward;
+    else KVCacheCall's mode: cache / append / rope)."""
+    o = dict(contender)
+    kv = o.pop("kvcache", None)
+    opts = lib.options(scale, causal, **o)
+    if kv is None:
+        return Flash3Call(torch, lib, q, k, v, q, opts, stream)  # dout = q: the backward is never called
+    return KVCacheCall(torch, lib, q, k, v, opts, stream, append=kv != "cache", rope=kv == "rope")
+
+
+def run_kvcache(args, torch, F, sdpa_ctx, dtype):
+    lib = Flash3Lib(args.lib)
+    if not lib.has_kvcache:
+        print(f"bench.py --kvcache: {lib.path} has no flash3_forward_kvcache (a build before the KV cache)")
+        return 1
+
+    def ratio(ms):
+        return ms["cuDNN"] / ms["append"] if "cuDNN" in ms else float("nan")
+    return run_decode_rows(
+        args, torch, F, sdpa_ctx, dtype, lib, SPLIT_KV_HEADS, SPLIT_KV_SHAPES,
+        {"split": dict(num_splits=0), "cache": dict(num_splits=0, kvcache="cache"),
+         "append": dict(num_splits=0, kvcache="append"), "rope": dict(num_splits=0, kvcache="rope")},
+        f"every contender replayed from a CUDA graph of {SPLIT_KV_GRAPH_CALLS} calls (us per call); TB/s = bytes "
+        "of K and V / time; num_splits 0 for all: split = flash3_forward on k / v; cache = "
+        "flash3_forward_kvcache on the same tensors as a full cache; append = the last row appended by the "
+        "call (k_new / v_new, one row); rope = append with rotary on that row and q; check: split, cache and "
+        "append on batch element 0, worst err / bound",
+        ("cuDNN / append", ratio, "KV-cache decode step (append) bandwidth / cuDNN's"), graph=True)
+
+
 def run_decode_rows(args, torch, F, sdpa_ctx, dtype, lib, heads, shapes, contenders, legend, ratio, graph):
     """The decode-like GQA table of --pack-gqa and --split-kv: per (batch, seqlen_k) of `shapes`
     and seqlen_q of --seqlens, the flash3 `contenders` ({name: options}) and cuDNN, sustained
@@ -1359,9 +1459,8 @@ def run_decode_rows(args, torch, F, sdpa_ctx, dtype, lib, heads, shapes, contend
                 scale = 1.0 / math.sqrt(d)
                 label = f"b={batch} sk={fmt_len(sk)} sq={sq}{' causal' if causal else ''}"
                 # The calls may run on another stream: q / k / v, written on the current one, must be ready.
-                # dout = q: Flash3Call's backward half is never called here.
                 torch.cuda.synchronize()
-                calls = {n: Flash3Call(torch, lib, q, k, v, q, lib.options(scale, causal, **o), raw_stream)
+                calls = {n: decode_call(torch, lib, q, k, v, scale, causal, o, raw_stream)
                          for n, o in contenders.items()}
                 torch.cuda.synchronize()
                 bad = [n for n, c in calls.items() if c.status != FLASH3_OK]
@@ -1373,7 +1472,8 @@ def run_decode_rows(args, torch, F, sdpa_ctx, dtype, lib, heads, shapes, contend
                 if not args.no_check:
                     n_check = 1 if graph else batch
                     ok, worst = check_gqa_outputs(torch, F, sdpa_ctx, q[:n_check], k[:n_check], v[:n_check],
-                                                  [c.out[:n_check] for c in calls.values()], scale, causal)
+                                                  [c.out[:n_check] for c in calls.values()
+                                                   if getattr(c, "check", True)], scale, causal)
                     check = f"{'PASS' if ok else 'FAIL'} ({worst:.2f})"
                     failed |= not ok
                 fns = {n: graphed(torch, c.fwd, stream) if graph else c.fwd for n, c in calls.items()}
@@ -1564,6 +1664,9 @@ def parse_args(argv=None):
     g = ap.add_argument_group("split-KV mode")
     g.add_argument("--split-kv", action="store_true",
                    help="num_splits 0 (heuristic) and 1 (and cuDNN) on decode rows, CUDA-graph replay (presets above)")
+    g = ap.add_argument_group("KV-cache mode")
+    g.add_argument("--kvcache", action="store_true",
+                   help="flash3_forward_kvcache (plain, append, append + rotary) on the split-KV decode rows")
     g = ap.add_argument_group("power mode")
     g.add_argument("--power", action="store_true", help="power, clock and energy per call under sustained load")
     g.add_argument("--seconds", type=float, default=4.0,
@@ -1575,28 +1678,29 @@ def parse_args(argv=None):
     g.add_argument("--tile-m", type=int, default=0, help="query rows per iteration, to express X in iterations")
     args = ap.parse_args(argv)
 
-    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen", "pack_gqa", "split_kv")
+    modes = [m for m in ("ab", "steady", "power", "fixed_cost", "from_csv", "varlen", "pack_gqa", "split_kv",
+                         "kvcache")
              if getattr(args, m)]
     if "steady" in modes and "ab" in modes:
         modes.remove("steady")
     if len(modes) > 1:
-        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost, --varlen, --pack-gqa, --split-kv or "
-                 "--from-csv")
+        ap.error("choose one mode: --ab / --steady, --power, --fixed-cost, --varlen, --pack-gqa, --split-kv, "
+                 "--kvcache or --from-csv")
     args.mode = {"ab": "interleaved", "steady": "interleaved"}.get(modes[0], modes[0]) if modes else "table"
     if args.varlen:
         args.mode = "varlen"
     if args.mode == "table" and (args.softcap_too > 0 or args.deterministic_too):
         args.mode = "interleaved"  # the extra contenders only exist there
     interleaved = args.mode == "interleaved"
-    if args.varlen or args.pack_gqa or args.split_kv:  # sustained and interleaved, as --steady
+    if args.varlen or args.pack_gqa or args.split_kv or args.kvcache:  # sustained and interleaved, as --steady
         args.steady = True
     if args.pack_gqa:
         args.seqlens = args.seqlens or PACK_GQA_SEQLENS_Q
         args.hdims = args.hdims or "128"
-    if args.split_kv:
+    if args.split_kv or args.kvcache:
         args.seqlens = args.seqlens or "1"
         args.hdims = args.hdims or "128"
-    args.causal = args.causal or ("off" if args.pack_gqa or args.split_kv else "both")
+    args.causal = args.causal or ("off" if args.pack_gqa or args.split_kv or args.kvcache else "both")
     if args.steady or (args.power and args.hdims is None and args.seqlens is None):
         args.headline = args.headline or (args.hdims is None and args.seqlens is None)
     if args.fixed_cost:
@@ -1674,6 +1778,8 @@ def main(argv=None):
         return run_pack_gqa(args, torch, F, sdpa_ctx, dtype)
     if args.mode == "split_kv":
         return run_split_kv(args, torch, F, sdpa_ctx, dtype)
+    if args.mode == "kvcache":
+        return run_kvcache(args, torch, F, sdpa_ctx, dtype)
     return run_table(args, torch, F, sdpa_ctx, passes, causals, dtype, f3_dtype)
 
 

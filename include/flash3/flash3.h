@@ -201,11 +201,69 @@ struct CombineArgs {
   TensorView lse;
 };
 
+// KV-cache attention (FlashAttention-3's flash_attn_with_kvcache), forward
+// only: q attends to the first cache_seqlens[b] rows of its cache entry,
+// after the optional new rows k_new / v_new have been appended there (with
+// rotary applied to them and to q when rotary_cos / rotary_sin are given).
+// Masks are aligned bottom-right per sequence, as in forward(): with
+// seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seqlen_new, query i of
+// seqlen_q sees key j (counted from the leftpad) iff j <= i + seqlen_k -
+// seqlen_q under causal. softmax_scale, causal, window_*, softcap, pack_gqa
+// and num_splits come from opts (the Python flash_attn_with_kvcache defaults
+// num_splits to 0, the heuristic, as FlashAttention-3 does); its varlen
+// fields must be unset (variable-length q is not supported yet).
+//
+// The int32 arrays are device memory of batch entries and are not read by the
+// host (no synchronisation, CUDA-graph capturable). Their values are the
+// caller's contract: cache_batch_idx values outside [0, batch_cache) and
+// cache_seqlens / cache_leftpad outside [0, seqlen_cache] are clamped into
+// range (nothing outside the tensors is read or written, but the results are
+// meaningless); appended rows at or past seqlen_cache are dropped.
+struct KVCacheArgs {
+  TensorView q;        // (b, sq, hq, d); its (b, sq) rows one stride apart: batch stride == sq * row stride, or sq == 1, or b == 1
+  TensorView k_cache;  // (b_cache, s_cache, hkv, d), rows likewise one stride apart; written where k_new is given
+  TensorView v_cache;  // (b_cache, s_cache, hkv, dv), likewise
+  // Optional new rows (both or neither): (b, s_new, hkv, d) / (b, s_new, hkv, dv),
+  // written into the cache at rows [cache_seqlens[b], cache_seqlens[b] + s_new)
+  // of cache entry cache_batch_idx[b] (the row order ignores cache_leftpad),
+  // then attended to. Needs cache_seqlens.
+  TensorView k_new;
+  TensorView v_new;
+  // Optional rotary tables (both or neither; needs k_new): (seqlen_ro,
+  // rotary_dim / 2) in q's dtype, unit stride in the last dimension,
+  // rotary_dim even, <= d, and seqlen_ro >= s_cache. New key i of sequence b
+  // is rotated to position pos_b + i, with pos_b = rotary_seqlens[b] if given,
+  // else cache_seqlens[b]; query i to pos_b + i when causal or local, else to
+  // pos_b (all queries at the first new position, as FlashAttention-3).
+  // interleaved: pairs (2j, 2j + 1); else (j, j + rotary_dim / 2) (GPT-NeoX).
+  // Per pair, in fp32: x0' = fma(x0, cos, -(x1 * sin)), x1' = fma(x0, sin, x1 * cos),
+  // rounded to the dtype; dims >= rotary_dim unchanged. q is not modified
+  // (the rotated copy lives in the workspace).
+  TensorView rotary_cos;
+  TensorView rotary_sin;
+  bool rotary_interleaved = true;
+  const int* cache_seqlens = nullptr;    // (b,); null: every entry holds s_cache rows (no k_new then)
+  const int* cache_batch_idx = nullptr;  // (b,); null: entry b
+  const int* cache_leftpad = nullptr;    // (b,); the entry's first row; null: 0
+  const int* rotary_seqlens = nullptr;   // (b,); null: cache_seqlens
+  TensorView out;  // (b, sq, hq, dv), written; rows one stride apart as q's
+  // Optional (b, hq, sq) fp32, written; batch stride sq and row stride 1
+  // (the kernels' layout is (hq, b * sq): e.g. a (b, hq, sq) view of an
+  // (hq, b, sq) buffer), or b == 1. TensorView{}: not stored.
+  TensorView lse;
+  AttentionOptions opts;
+  // Scratch, 256-byte aligned, kvcache_workspace_size() bytes (the per-sequence
+  // maps, the split partials, the rotated q); null: flash3 allocates.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
 // Validation only (no launch). Used by forward()/backward()/combine() and
 // exposed for tests and bindings that want to raise before any work is queued.
 Status validate_forward(const ForwardArgs& args);
 Status validate_backward(const BackwardArgs& args);
 Status validate_combine(const CombineArgs& args);
+Status validate_kvcache(const KVCacheArgs& args);
 
 // The kernels run on `stream`, which must belong to the current device (the
 // device of the tensors). A CUDA error left pending by earlier work of the
@@ -219,10 +277,29 @@ size_t backward_workspace_size(const BackwardArgs& args);
 // Bytes of ForwardArgs::workspace the call needs (0: none, or shapes that
 // validation would reject).
 size_t forward_workspace_size(const ForwardArgs& args);
+// KV-cache attention on `stream`: the append (+ rotary) kernel when k_new is
+// given, then the attention kernels, then the combine when split.
+Status forward_kvcache(const KVCacheArgs& args, cudaStream_t stream);
+size_t kvcache_workspace_size(const KVCacheArgs& args);
 // The combine on `stream` (of the current device); nothing is launched for an
 // empty problem (batch, seqlen or heads 0). Needs no scratch; its kernel is
 // part of every build (no FLASH3_DTYPES / FLASH3_HDIMS variant).
 Status combine(const CombineArgs& args, cudaStream_t stream);
+
+// The forward's launch plan for a problem of these shapes (varlen / KV-cache:
+// the longest sequences), as forward() / forward_kvcache() would decide it on
+// the current device: the number of KV splits (1: none) and whether the query
+// heads are packed (PackGQA: 1, else 0). Deciding depends on shapes, options
+// and the SM count only, never on device data, so a plan computed once can be
+// passed back as explicit opts.num_splits / opts.pack_gqa (what
+// get_scheduler_metadata does in the Python API). Invalid shapes or options:
+// kInvalidArgument.
+struct ForwardPlan {
+  int num_splits = 1;
+  int pack_gqa = 0;
+};
+Status forward_plan(DType dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                    int head_dim_v, const AttentionOptions& opts, ForwardPlan* plan);
 
 // Which (dtype, head_dim, head_dim_v) forward/backward kernels this build contains.
 bool forward_is_built(DType dtype, int head_dim, int head_dim_v);

@@ -133,6 +133,49 @@ flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_parti
                              void* stream);
 
 /* Validation only; nothing is launched. */
+/* KV-cache attention (flash3::forward_kvcache in flash3.h; FlashAttention-3's
+ * flash_attn_with_kvcache): q (b, sq, hq, d) attends to each sequence's cache
+ * entry after the optional new rows k_new / v_new were appended at
+ * cache_seqlens (rotated, with q, when rotary_cos / rotary_sin are given).
+ * Tensors NULL where absent (q, k_cache, v_cache, out required); the int32
+ * arrays are device memory of b entries, NULL where absent. Initialise with
+ * flash3_default_kvcache_args() (sets struct_size, rotary_interleaved 1). */
+typedef struct {
+  uint32_t struct_size; /* sizeof(flash3_kvcache_args) */
+  int32_t rotary_interleaved;
+  const flash3_tensor* q;
+  const flash3_tensor* k_cache;
+  const flash3_tensor* v_cache;
+  const flash3_tensor* k_new;
+  const flash3_tensor* v_new;
+  const flash3_tensor* rotary_cos;
+  const flash3_tensor* rotary_sin;
+  const flash3_tensor* out;
+  const flash3_tensor* lse; /* (b, hq, sq) with batch stride sq, row stride 1 */
+  const int32_t* cache_seqlens;
+  const int32_t* cache_batch_idx;
+  const int32_t* cache_leftpad;
+  const int32_t* rotary_seqlens;
+} flash3_kvcache_args;
+
+flash3_kvcache_args flash3_default_kvcache_args(void);
+
+/* opts: softmax_scale, causal, window, softcap, pack_gqa, num_splits (NULL:
+ * defaults; varlen fields must be unset). workspace may be NULL (allocated
+ * internally, stream-ordered), else >= flash3_kvcache_workspace_size() bytes,
+ * 256-byte aligned. */
+flash3_status flash3_forward_kvcache(const flash3_kvcache_args* args, const flash3_options* opts, void* workspace,
+                                     size_t workspace_bytes, void* stream);
+/* 0 for malformed arguments. */
+size_t flash3_kvcache_workspace_size(const flash3_kvcache_args* args, const flash3_options* opts);
+
+/* The forward's launch plan (flash3::forward_plan): *num_splits (1: none) and
+ * *pack_gqa (0 / 1) for batch sequences of at most seqlen_q x seqlen_k rows,
+ * on the current device. */
+flash3_status flash3_forward_plan(int32_t dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k, int32_t heads_q,
+                                  int32_t heads_kv, int32_t head_dim, int32_t head_dim_v, const flash3_options* opts,
+                                  int32_t* num_splits, int32_t* pack_gqa);
+
 flash3_status flash3_validate_forward(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                                       const flash3_tensor* out, const flash3_tensor* lse,
                                       const flash3_options* opts);

@@ -25,6 +25,26 @@
 //       fp16 / bf16 and softmax_lse (batch, seqlen, heads) fp32, any strides. Any head_dim in
 //       [1, 256]: the library's kernel needs a multiple of 4, so other head dims are padded here
 //       (as FlashAttention-3 does).
+//   flash3::fwd_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+//                       cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+//                       rotary_seqlens=None, softmax_scale=None, causal=False, window_left=-1,
+//                       window_right=-1, softcap=0.0, rotary_interleaved=True, num_splits=0,
+//                       pack_gqa=-1) -> (out, softmax_lse)
+//       KV-cache attention (FlashAttention-3's flash_attn_with_kvcache, flash3::forward_kvcache),
+//       forward only: the new rows k (batch, seqlen_new, hkv, d) / v (batch, seqlen_new, hkv, dv),
+//       rotated when rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2) are given, are written
+//       into k_cache / v_cache (batch_cache, seqlen_cache, hkv, d / dv) in place at rows
+//       [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of entry cache_batch_idx[b], then q
+//       (batch, seqlen_q, hq, d) attends to rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new).
+//       cache_seqlens / cache_batch_idx / cache_leftpad / rotary_seqlens: (batch,) int32 on q's
+//       device, read on the device only. out (batch, seqlen_q, hq, dv) contiguous; softmax_lse
+//       (batch, hq, seqlen_q) fp32, a permuted view of a contiguous (hq, batch, seqlen_q) tensor.
+//   flash3::forward_plan(dtype, batch, max_seqlen_q, max_seqlen_k, heads_q, heads_kv, head_dim,
+//                        head_dim_v, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+//                        num_splits=0, pack_gqa=-1) -> int[]
+//       [num_splits, pack_gqa] as flash3::forward_plan decides them on the current device (host
+//       only, from shapes and options); flash3.get_scheduler_metadata returns them, and
+//       flash_attn_with_kvcache passes them back as explicit num_splits / pack_gqa.
 //
 // Kernels registered here:
 //   CUDA      the real implementation: checks every argument (raising ValueError / TypeError /
@@ -32,11 +52,13 @@
 //             out / lse / dq / dk / dv and the forward's and backward's workspace with the caching
 //             allocator (at::empty, at::zeros for the varlen gradients: CUDA-graph safe, so
 //             flash3 never falls back to cudaMallocAsync here), and calls flash3::forward /
-//             flash3::backward on the current stream.
+//             flash3::backward / flash3::combine / flash3::forward_kvcache on the current stream.
 //   CPU       raises the "must be a CUDA tensor" error (instead of the dispatcher's generic
 //             "could not run ... with arguments from the 'CPU' backend").
+//   (any)     forward_plan has no tensor arguments: one catch-all kernel.
 //   Autograd  fwd: a C++ autograd function whose backward calls flash3::bwd; varlen_fwd: one whose
-//             backward calls flash3::varlen_bwd (gradients for q, k, v only). Doing this in
+//             backward calls flash3::varlen_bwd (gradients for q, k, v only); fwd_kvcache: runs
+//             below autograd (forward only: its outputs never require grad). Doing this in
 //             C++ rather than with torch.library.register_autograd keeps the per-call Python
 //             overhead down (no Python autograd kernel on every call); torch.compile traces it
 //             like any other C++ autograd kernel (the backward's flash3::bwd / flash3::varlen_bwd
@@ -56,9 +78,10 @@
 //   pack_gqa       forward ops only: -1 heuristic, 0 off, 1 on (AttentionOptions::pack_gqa; any
 //                  other value: ValueError); the results do not depend on it. The backward ops
 //                  take no pack_gqa (the library's backward never packs).
-//   num_splits     forward ops only: 1 no split (default), 0 heuristic, n in [2, 256] at most n
-//                  KV splits (AttentionOptions::num_splits; other values: ValueError); the
-//                  results do not depend on it beyond fp32 rounding. The backward ignores it.
+//   num_splits     forward ops only: 1 no split (default; fwd_kvcache: 0, as FlashAttention-3),
+//                  0 heuristic, n in [2, 256] at most n KV splits (AttentionOptions::num_splits;
+//                  other values: ValueError); the results do not depend on it beyond fp32
+//                  rounding. The backward ignores it.
 //
 // The C++ library itself (libflash3.so) knows nothing about torch; this file is the only
 // place the two meet.
@@ -221,10 +244,10 @@ bool kernel_built(flash3::DType dt, int64_t d, int64_t dv, bool forward) {
   return table[forward ? 1 : 0][dt == flash3::DType::kBFloat16 ? 1 : 0][d / 8][dv / 8];
 }
 
-void check_head_dim(const Tensor& q, const Tensor& v) {
+void check_head_dim(const Tensor& q, const Tensor& v, const char* v_name = "v") {
   const auto dt = to_f3(q.scalar_type());
   const int64_t d = q.size(-1), dv = v.size(-1);
-  if (!(kernel_built(dt, d, dv, /*forward=*/true))) value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and v.shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built_head_dims(dt, true));
+  if (!(kernel_built(dt, d, dv, /*forward=*/true))) value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and ", v_name, ".shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built_head_dims(dt, true));
 }
 
 // q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen).
@@ -734,6 +757,199 @@ void combine_cuda(const Tensor& out_partial, const Tensor& lse_partial, const Te
   if (!direct_out) out.copy_(o.narrow(3, 0, d));
 }
 
+// ---------------------------------------------------------------------------
+// KV-cache attention (fwd_kvcache) and the forward's launch plan (forward_plan).
+// ---------------------------------------------------------------------------
+bool has(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Whether the (batch, seqlen) rows of a 4-d tensor are one stride apart, as flash3::KVCacheArgs
+// wants q / k_cache / v_cache / out: batch stride == seqlen * row stride, or one of the two
+// dimensions has a single entry (its stride is never used).
+bool rows_one_stride_apart(const Tensor& t) {
+  return t.size(0) <= 1 || t.size(1) <= 1 || t.stride(0) == t.size(1) * t.stride(1);
+}
+
+constexpr const char* kPerSequence = "one entry per sequence";
+
+// An optional per-sequence int32 array (cache_seqlens, cache_batch_idx, cache_leftpad, rotary_seqlens):
+// CUDA on q's device, int32, 1-d, contiguous, q.shape[0] entries. Its values stay on the device.
+void check_per_sequence(const std::optional<Tensor>& t, const char* name, const Tensor& q) {
+  if (!has(t)) return;
+  check_int32_vector(*t, name, q, kPerSequence);
+  if (!(t->numel() == q.size(0))) value_error("flash3: ", name, " has ", t->numel(), " entries (shape ", shape_str(*t), "); expected ", q.size(0), " (one per sequence: q.shape[0], batch)");
+}
+
+// New rows k / v: both or neither, CUDA on q's device, q's dtype, (batch, seqlen_new, num_heads_kv,
+// head_dim[_v]) with the cache's heads and head dims, unit stride in the last dimension.
+void check_kvcache_new_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
+                            const Tensor& v) {
+  check_cuda_on_device_of({{k, "k"}, {v, "v"}}, q, "q");
+  check_same_dtype(k, "k", q);
+  check_same_dtype(v, "v", q);
+  check_4d(k, "k", "(batch, seqlen_new, num_heads_kv, head_dim)");
+  check_4d(v, "v", "(batch, seqlen_new, num_heads_kv, head_dim_v)");
+  check_last_dim_contiguous(k, "k", "head_dim");
+  check_last_dim_contiguous(v, "v", "head_dim_v");
+  if (!(k.size(0) == q.size(0))) value_error("flash3: k.shape[0] (batch) is ", k.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", k ", shape_str(k), ")");
+  if (!(v.size(0) == q.size(0))) value_error("flash3: v.shape[0] (batch) is ", v.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", v ", shape_str(v), ")");
+  if (!(v.size(1) == k.size(1))) value_error("flash3: v.shape[1] (seqlen_new) is ", v.size(1), "; expected ", k.size(1), " to match k.shape[1] (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(k.size(2) == k_cache.size(2))) value_error("flash3: k.shape[2] (num_heads_kv) is ", k.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
+  if (!(v.size(2) == k_cache.size(2))) value_error("flash3: v.shape[2] (num_heads_kv) is ", v.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (v ", shape_str(v), ", k_cache ", shape_str(k_cache), ")");
+  if (!(k.size(3) == k_cache.size(3))) value_error("flash3: k.shape[3] (head_dim) is ", k.size(3), "; expected ", k_cache.size(3), " to match k_cache.shape[3] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
+  if (!(v.size(3) == v_cache.size(3))) value_error("flash3: v.shape[3] (head_dim_v) is ", v.size(3), "; expected ", v_cache.size(3), " to match v_cache.shape[3] (v ", shape_str(v), ", v_cache ", shape_str(v_cache), ")");
+  if (!(k.size(1) <= k_cache.size(1))) value_error("flash3: k.shape[1] (seqlen_new) is ", k.size(1), "; expected at most k_cache.shape[1] (seqlen_cache) = ", k_cache.size(1), ": the cache is too small for the new rows");
+}
+
+// Rotary tables: CUDA on q's device, q's dtype, (seqlen_ro, rotary_dim / 2) each, unit stride in
+// the last dimension, rotary_dim <= head_dim, seqlen_ro >= seqlen_cache.
+void check_rotary_tables(const Tensor& q, const Tensor& k_cache, const Tensor& cos, const Tensor& sin) {
+  check_cuda_on_device_of({{cos, "rotary_cos"}, {sin, "rotary_sin"}}, q, "q");
+  check_same_dtype(cos, "rotary_cos", q);
+  check_same_dtype(sin, "rotary_sin", q);
+  if (!(cos.dim() == 2)) value_error("flash3: rotary_cos has ", cos.dim(), " dimensions (shape ", shape_str(cos), "); expected a 2-d tensor (seqlen_ro, rotary_dim / 2)");
+  if (!(sin.sizes() == cos.sizes())) value_error("flash3: rotary_sin has shape ", shape_str(sin), "; expected ", shape_str(cos), " to match rotary_cos (seqlen_ro, rotary_dim / 2)");
+  if (!(cos.size(1) >= 1 && 2 * cos.size(1) <= q.size(3))) value_error("flash3: rotary_cos.shape[1] (rotary_dim / 2) is ", cos.size(1), "; expected 1 to ", q.size(3) / 2, " (rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = ", q.size(3), ")");
+  if (!(cos.size(0) >= k_cache.size(1))) value_error("flash3: rotary_cos.shape[0] (seqlen_ro) is ", cos.size(0), "; expected at least k_cache.shape[1] (seqlen_cache) = ", k_cache.size(1), " (one row per cache position)");
+  check_last_dim_contiguous(cos, "rotary_cos", "rotary_dim / 2");
+  check_last_dim_contiguous(sin, "rotary_sin", "rotary_dim / 2");
+}
+
+// Every tensor check of fwd_kvcache, in the order a user would want to hear about them. The
+// library validates again (strides, alignment, overlaps) before launching anything.
+void check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                          const std::optional<Tensor>& k, const std::optional<Tensor>& v,
+                          const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+                          const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
+                          const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens) {
+  check_cuda(q, "q");
+  check_cuda_on_device_of({{k_cache, "k_cache"}, {v_cache, "v_cache"}}, q, "q");
+  check_dtype_q(q);
+  check_same_dtype(k_cache, "k_cache", q);
+  check_same_dtype(v_cache, "v_cache", q);
+  check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
+  check_4d(k_cache, "k_cache", "(batch_cache, seqlen_cache, num_heads_kv, head_dim)");
+  check_4d(v_cache, "v_cache", "(batch_cache, seqlen_cache, num_heads_kv, head_dim_v)");
+  check_last_dim_contiguous(q, "q", "head_dim");
+  check_last_dim_contiguous(k_cache, "k_cache", "head_dim");
+  check_last_dim_contiguous(v_cache, "v_cache", "head_dim_v");
+  if (!(v_cache.size(0) == k_cache.size(0))) value_error("flash3: v_cache.shape[0] (batch_cache) is ", v_cache.size(0), "; expected ", k_cache.size(0), " to match k_cache.shape[0] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
+  if (!(v_cache.size(1) == k_cache.size(1))) value_error("flash3: v_cache.shape[1] (seqlen_cache) is ", v_cache.size(1), "; expected ", k_cache.size(1), " to match k_cache.shape[1] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
+  if (!(v_cache.size(2) == k_cache.size(2))) value_error("flash3: v_cache.shape[2] (num_heads_kv) is ", v_cache.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
+  if (!(k_cache.size(3) == q.size(3))) value_error("flash3: k_cache.shape[3] (head_dim) is ", k_cache.size(3), "; expected ", q.size(3), " to match q.shape[3] (q ", shape_str(q), ", k_cache ", shape_str(k_cache), ")");
+  if (!(k_cache.size(2) >= 1 && q.size(2) % k_cache.size(2) == 0)) value_error("flash3: q.shape[2] (num_heads_q) is ", q.size(2), ", which is not a multiple of k_cache.shape[2] (num_heads_kv) ", k_cache.size(2), "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  check_head_dim(q, v_cache, "v_cache");
+  if (!(has(cache_batch_idx) || k_cache.size(0) >= q.size(0))) value_error("flash3: k_cache.shape[0] (batch_cache) is ", k_cache.size(0), ", less than q.shape[0] (batch) ", q.size(0), "; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache entry b)");
+  // The caches are written in place, so they cannot be copied into the layout the kernels want.
+  for (const NamedTensor& c : {NamedTensor{k_cache, "k_cache"}, NamedTensor{v_cache, "v_cache"}})
+    if (!(rows_one_stride_apart(c.t))) value_error("flash3: ", c.name, ".stride(0) (batch_cache) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (seqlen_cache * row stride): the rows of all cache entries must be one stride apart (e.g. a contiguous cache, or one sliced along the heads, not along seqlen_cache)");
+  if (has(k) != has(v)) value_error("flash3: k and v (the new rows) must be given together, but ", has(k) ? "v" : "k", " is None");
+  if (has(k)) {
+    check_kvcache_new_rows(q, k_cache, v_cache, *k, *v);
+    if (!has(cache_seqlens)) value_error("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass cache_seqlens: an int or a (batch,) torch.int32 tensor)");
+  }
+  if (has(rotary_cos) != has(rotary_sin)) value_error("flash3: rotary_cos and rotary_sin must be given together, but ", has(rotary_cos) ? "rotary_sin" : "rotary_cos", " is None");
+  if (has(rotary_cos)) {
+    if (!has(k)) value_error("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the new keys (and to q) as they are appended; pass k and v, or no rotary tables");
+    check_rotary_tables(q, k_cache, *rotary_cos, *rotary_sin);
+  }
+  check_per_sequence(cache_seqlens, "cache_seqlens", q);
+  check_per_sequence(cache_batch_idx, "cache_batch_idx", q);
+  check_per_sequence(cache_leftpad, "cache_leftpad", q);
+  check_per_sequence(rotary_seqlens, "rotary_seqlens", q);
+}
+
+const int* int32_ptr(const std::optional<Tensor>& t) { return has(t) ? t->data_ptr<int32_t>() : nullptr; }
+
+// KV-cache forward: appends k / v (rotary applied) to k_cache / v_cache in place, then attention
+// of q over each sequence's cache rows. out (batch, seqlen_q, num_heads_q, head_dim_v) contiguous;
+// softmax_lse (batch, num_heads_q, seqlen_q) fp32, a permuted view of a contiguous
+// (num_heads_q, batch, seqlen_q) buffer (KVCacheArgs::lse's layout: batch stride seqlen_q, row
+// stride 1). Workspace (per-sequence maps, split partials, rotated q) from the caching allocator.
+std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
+    const Tensor& q_in, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
+    const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+    const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens,
+    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool rotary_interleaved, int64_t num_splits, int64_t pack_gqa) {
+  check_kvcache_inputs(q_in, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                       cache_leftpad, rotary_seqlens);
+  check_softmax_scale(softmax_scale);
+  check_softcap(softcap);
+  check_pack_gqa(pack_gqa);
+  check_num_splits(num_splits);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  // q is only read: a q whose (batch, seqlen_q) rows are not one stride apart (e.g. a slice along
+  // seqlen) is copied into that layout.
+  const Tensor q = rows_one_stride_apart(q_in) ? q_in : q_in.contiguous();
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v_cache.size(3);
+  Tensor out = at::empty({b, sq, hq, dv}, q.options());
+  Tensor lse = at::empty({hq, b, sq}, q.options().dtype(at::kFloat)).permute({1, 0, 2});
+
+  flash3::KVCacheArgs args;
+  args.q = view(q);
+  args.k_cache = view(k_cache);
+  args.v_cache = view(v_cache);
+  if (has(k)) {
+    args.k_new = view(*k);
+    args.v_new = view(*v);
+  }
+  if (has(rotary_cos)) {
+    args.rotary_cos = view(*rotary_cos);
+    args.rotary_sin = view(*rotary_sin);
+  }
+  args.rotary_interleaved = rotary_interleaved;
+  args.cache_seqlens = int32_ptr(cache_seqlens);
+  args.cache_batch_idx = int32_ptr(cache_batch_idx);
+  args.cache_leftpad = int32_ptr(cache_leftpad);
+  // rotary_seqlens only matters with rotary tables; without them it is ignored, as in FlashAttention-3.
+  args.rotary_seqlens = has(rotary_cos) ? int32_ptr(rotary_seqlens) : nullptr;
+  args.out = view(out);
+  args.lse = lse.numel() == 0 ? flash3::TensorView{} : view(lse);  // nothing to store: "not stored"
+  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, /*deterministic=*/false);
+  args.opts.pack_gqa = static_cast<int>(pack_gqa);      // in [-1, 1]: checked
+  args.opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
+  // Sized from the shapes and options only (never from values on the device): CUDA-graph safe.
+  const Workspace ws = caching_workspace(flash3::kvcache_workspace_size(args), q);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::forward_kvcache(args, stream), "kvcache forward");
+  return {out, lse};
+}
+
+// An int argument of forward_plan as the library's int (ValueError outside [lo, INT32_MAX]).
+int plan_int(int64_t v, const char* name, int64_t lo, const char* what) {
+  if (!(v >= lo && v <= INT32_MAX)) value_error("flash3: forward_plan: ", name, " is ", v, "; expected a value in [", lo, ", 2147483647] (", what, ")");
+  return static_cast<int>(v);
+}
+
+// The forward's launch plan on the current device (flash3::forward_plan): [num_splits, pack_gqa].
+// No tensor arguments: a CompositeImplicitAutograd (catch-all) kernel, so it also runs under
+// torch.compile's fake tensors (it never touches a tensor).
+std::vector<int64_t> forward_plan_op(at::ScalarType dtype, int64_t batch, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                     int64_t heads_q, int64_t heads_kv, int64_t head_dim, int64_t head_dim_v,
+                                     bool causal, int64_t window_left, int64_t window_right, double softcap,
+                                     int64_t num_splits, int64_t pack_gqa) {
+  if (!(dtype == at::kHalf || dtype == at::kBFloat16)) type_error("flash3: forward_plan: dtype is ", dtype_str(dtype), "; expected torch.float16 or torch.bfloat16");
+  const int b = plan_int(batch, "batch", 1, "the number of sequences");
+  const int sq = plan_int(max_seqlen_q, "max_seqlen_q", 1, "the longest query sequence");
+  const int sk = plan_int(max_seqlen_k, "max_seqlen_k", 1, "the longest key sequence, new rows included");
+  const int hq = plan_int(heads_q, "heads_q", 1, "query heads");
+  const int hkv = plan_int(heads_kv, "heads_kv", 1, "key/value heads");
+  const int d = plan_int(head_dim, "head_dim", 1, "q / k head dim");
+  const int dv = plan_int(head_dim_v, "head_dim_v", 1, "v head dim");
+  check_softcap(softcap);
+  check_pack_gqa(pack_gqa);
+  check_num_splits(num_splits);
+  flash3::AttentionOptions opts = make_opts(std::nullopt, causal, window_left, window_right, softcap, false);
+  opts.num_splits = static_cast<int>(num_splits);
+  opts.pack_gqa = static_cast<int>(pack_gqa);
+  flash3::ForwardPlan plan;
+  throw_if_error(flash3::forward_plan(to_f3(dtype), b, sq, sk, hq, hkv, d, dv, opts, &plan), "forward_plan");
+  return {plan.num_splits, plan.pack_gqa};
+}
+
 // CPU "kernels": only reached when every tensor argument is on the CPU.
 std::tuple<Tensor, Tensor> fwd_cpu(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double>, bool,
                                    int64_t, int64_t, double, bool, int64_t, int64_t) {
@@ -764,6 +980,18 @@ std::tuple<Tensor, Tensor> varlen_fwd_cpu(const Tensor& q, const Tensor& k, cons
 void combine_cpu(const Tensor& out_partial, const Tensor& lse_partial, const Tensor& out, const Tensor& softmax_lse) {
   check_combine_inputs(out_partial, lse_partial, out, softmax_lse);  // raises for the first CPU tensor
   runtime_error("flash3: unreachable");
+}
+
+std::tuple<Tensor, Tensor> fwd_kvcache_cpu(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
+    const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+    const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens, std::optional<double>,
+    bool, int64_t, int64_t, double, bool, int64_t, int64_t) {
+  check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                       cache_leftpad, rotary_seqlens);  // raises for the first CPU tensor
+  runtime_error("flash3: unreachable");
+  return {};
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cpu(
@@ -972,6 +1200,39 @@ std::tuple<Tensor, Tensor> varlen_fwd_autograd(const Tensor& q, const Tensor& k,
   return {r[0], r[1]};
 }
 
+// fwd_kvcache: forward only (FlashAttention-3's flash_attn_with_kvcache has no backward either).
+// This Autograd kernel runs the op below autograd, so its outputs never require grad (gradients do
+// not flow to q, the caches or k / v), and spares each call the dispatcher's boxed autograd
+// fallback. The caches are written in place when k / v are given: their version counters are
+// bumped, as an in-place torch op would (so autograd notices if they were saved for some other
+// backward); inference tensors have no version counter and are left alone.
+std::tuple<Tensor, Tensor> fwd_kvcache_autograd(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
+    const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+    const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens,
+    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool rotary_interleaved, int64_t num_splits, int64_t pack_gqa) {
+  using Opt = const std::optional<Tensor>&;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::fwd_kvcache", "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, Opt, Opt, Opt,
+                                                         Opt, Opt, Opt, Opt, Opt, std::optional<double>, bool,
+                                                         int64_t, int64_t, double, bool, int64_t, int64_t)>();
+  std::tuple<Tensor, Tensor> r;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    r = op.call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+                num_splits, pack_gqa);
+  }
+  if (has(k)) {
+    for (const Tensor* c : {&k_cache, &v_cache})
+      if (!c->is_inference()) torch::autograd::impl::bump_version(*c);
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // Helpers for Python (introspection and the overhead benchmark).
 // ---------------------------------------------------------------------------
@@ -1054,6 +1315,19 @@ TORCH_LIBRARY(flash3, m) {
       "bool deterministic=False, Tensor? dlse=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   // Writes out and softmax_lse in place (flash3.flash_attn_combine allocates them).
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out, Tensor(b!) softmax_lse) -> ()");
+  // Writes the new rows k / v (when given) into k_cache / v_cache in place.
+  m.def(
+      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+      "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
+      "Tensor? cache_leftpad=None, Tensor? rotary_seqlens=None, float? softmax_scale=None, bool causal=False, "
+      "int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, int num_splits=0, "
+      "int pack_gqa=-1) -> (Tensor out, Tensor softmax_lse)");
+  // No tensor arguments: one kernel for every dispatch key (CompositeImplicitAutograd).
+  m.def(
+      "forward_plan(ScalarType dtype, int batch, int max_seqlen_q, int max_seqlen_k, int heads_q, int heads_kv, "
+      "int head_dim, int head_dim_v, bool causal=False, int window_left=-1, int window_right=-1, "
+      "float softcap=0.0, int num_splits=0, int pack_gqa=-1) -> int[]",
+      &forward_plan_op);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
@@ -1062,6 +1336,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("varlen_fwd", &varlen_fwd_cuda);
   m.impl("varlen_bwd", &varlen_bwd_cuda);
   m.impl("combine", &combine_cuda);
+  m.impl("fwd_kvcache", &fwd_kvcache_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
@@ -1070,15 +1345,19 @@ TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("varlen_fwd", &varlen_fwd_cpu);
   m.impl("varlen_bwd", &varlen_bwd_cpu);
   m.impl("combine", &combine_cpu);
+  m.impl("fwd_kvcache", &fwd_kvcache_cpu);
 }
 
 TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
   m.impl("varlen_fwd", &varlen_fwd_autograd);
+  m.impl("fwd_kvcache", &fwd_kvcache_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.doc() = "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd / combine)";
+  mod.doc() =
+      "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd / combine / "
+      "fwd_kvcache / forward_plan)";
   mod.def("version", [] { return std::string(flash3::version()); });
   mod.def("forward_is_built", &py_forward_is_built, "whether a forward kernel for (dtype, head_dim, head_dim_v) is built");
   mod.def("backward_is_built", &py_backward_is_built, "whether a backward kernel for (dtype, head_dim, head_dim_v) is built");

@@ -4,11 +4,13 @@
     out = flash_attn_func(q, k, v, causal=True)  # q, k, v: (batch, seqlen, heads, head_dim) fp16/bf16 CUDA
 
 Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3.fwd,
-torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd, torch.ops.flash3.varlen_bwd and
-torch.ops.flash3.combine (CUDA kernels and autograd in C++), and flash3.flash_attn_interface,
-which registers their fake implementations for torch.compile. flash3.flash_attn_varlen_func is
-the variable-length (cu_seqlens) attention, differentiable like flash_attn_func;
-flash3.flash_attn_combine merges split-KV partial results (FlashAttention-3's).
+torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd, torch.ops.flash3.varlen_bwd,
+torch.ops.flash3.combine, torch.ops.flash3.fwd_kvcache and torch.ops.flash3.forward_plan (CUDA
+kernels and autograd in C++), and flash3.flash_attn_interface, which registers their fake
+implementations for torch.compile. flash3.flash_attn_varlen_func is the variable-length
+(cu_seqlens) attention, differentiable like flash_attn_func; flash3.flash_attn_combine merges
+split-KV partial results (FlashAttention-3's); flash3.flash_attn_with_kvcache is the KV-cache
+(decoding) attention, forward only, with flash3.get_scheduler_metadata to pin its plan.
 """
 import torch  # noqa: F401  (loads libtorch / libc10_cuda / libcudart before the extension)
 
@@ -19,7 +21,9 @@ from .flash_attn_interface import (  # noqa: F401
     flash_attn_combine,
     flash_attn_func,
     flash_attn_varlen_func,
+    flash_attn_with_kvcache,
     forward_is_built,
+    get_scheduler_metadata,
 )
 
 __version__ = _C.version()
@@ -28,6 +32,8 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_combine",
+    "flash_attn_with_kvcache",
+    "get_scheduler_metadata",
     "forward_is_built",
     "backward_is_built",
     "device_is_supported",

@@ -20,12 +20,22 @@ The work is done by three operators registered by the C++ extension ``flash3._C`
   are 0 in the rows no sequence covers)
 * ``torch.ops.flash3.combine(out_partial, lse_partial, out, softmax_lse) -> ()`` (split-KV
   combine, writes out and softmax_lse in place; ``flash_attn_combine`` allocates them)
+* ``torch.ops.flash3.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+  cache_batch_idx, cache_leftpad, rotary_seqlens, softmax_scale, causal, window_left, window_right,
+  softcap, rotary_interleaved, num_splits=0, pack_gqa=-1) -> (out, softmax_lse)`` (KV-cache
+  attention, forward only; appends k / v to k_cache / v_cache in place; softmax_lse is a
+  (batch, heads, seqlen_q) view of a contiguous (heads, batch, seqlen_q) tensor)
+* ``torch.ops.flash3.forward_plan(dtype, batch, max_seqlen_q, max_seqlen_k, heads_q, heads_kv,
+  head_dim, head_dim_v, causal, window_left, window_right, softcap, num_splits=0, pack_gqa=-1)
+  -> [num_splits, pack_gqa]`` (the forward's launch plan on the current device, decided on the
+  host; ``get_scheduler_metadata`` returns it as a CPU int32 tensor)
 
 Their CUDA kernels, argument checks and autograd (``fwd``'s backward calls ``bwd``,
-``varlen_fwd``'s calls ``varlen_bwd``) are C++; this module adds their fake (meta)
-implementations, so ``torch.compile(fullgraph=True)`` traces them (forward and backward) without
-graph breaks, and the Python entry points ``flash_attn_func``, ``flash_attn_varlen_func`` and
-``flash_attn_combine``.
+``varlen_fwd``'s calls ``varlen_bwd``; ``fwd_kvcache`` is forward only, its outputs never require
+grad) are C++; this module adds their fake (meta) implementations, so
+``torch.compile(fullgraph=True)`` traces them (forward and backward) without graph breaks, and the
+Python entry points ``flash_attn_func``, ``flash_attn_varlen_func``, ``flash_attn_combine``,
+``flash_attn_with_kvcache`` and ``get_scheduler_metadata``.
 """
 import math
 import struct
@@ -35,14 +45,16 @@ import torch
 
 from . import _C
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_combine", "forward_is_built",
-           "backward_is_built", "device_is_supported"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_combine", "flash_attn_with_kvcache",
+           "get_scheduler_metadata", "forward_is_built", "backward_is_built", "device_is_supported"]
 
 _fwd = torch.ops.flash3.fwd.default
 _bwd = torch.ops.flash3.bwd.default
 _varlen_fwd = torch.ops.flash3.varlen_fwd.default
 _varlen_bwd = torch.ops.flash3.varlen_bwd.default
 _combine = torch.ops.flash3.combine.default
+_fwd_kvcache = torch.ops.flash3.fwd_kvcache.default
+_forward_plan = torch.ops.flash3.forward_plan.default
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -441,6 +453,190 @@ def _combine_fake(out_partial, lse_partial, out, softmax_lse):
 
 
 # ---------------------------------------------------------------------------
+# KV-cache attention: the checks of torch.ops.flash3.fwd_kvcache (csrc/flash3_torch.cpp,
+# check_kvcache_inputs), same order and messages, and its fake implementation.
+# ---------------------------------------------------------------------------
+_KVCACHE_LAYOUTS = {
+    "q": "(batch, seqlen_q, num_heads_q, head_dim)",
+    "k_cache": "(batch_cache, seqlen_cache, num_heads_kv, head_dim)",
+    "v_cache": "(batch_cache, seqlen_cache, num_heads_kv, head_dim_v)",
+    "k": "(batch, seqlen_new, num_heads_kv, head_dim)",
+    "v": "(batch, seqlen_new, num_heads_kv, head_dim_v)",
+}
+
+
+def _check_cuda_same_device(named, q):
+    """Each (name, tensor) a torch.Tensor on CUDA, then each on q's device (the C++
+    check_cuda_on_device_of)."""
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+    for name, t in named:
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+
+
+def _check_same_dtype(named, q):
+    for name, t in named:
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
+                            "to match q.dtype")
+
+
+def _check_4d_last_dim(named):
+    """4-d tensors of the KV-cache layouts with a contiguous last dimension."""
+    for name, t, _ in named:
+        if t.dim() != 4:
+            raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {_shape_str(t.shape)}); expected a "
+                             f"4-d tensor {_KVCACHE_LAYOUTS[name]}")
+    for name, t, dim in named:
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash3: {name}.stride(-1) ({dim}) is {t.stride(-1)}; expected 1: the {dim} dimension "
+                             f"must be contiguous (use {name}.contiguous())")
+
+
+def _check_shapes_match(checks):
+    """(what, got, want, ref, (name1, t1), (name2, t2)): got == want, else the C++ message."""
+    for what, got, want, ref, (n1, t1), (n2, t2) in checks:
+        if got != want:
+            raise ValueError(f"flash3: {what} is {got}; expected {want} to match {ref} ({n1} {_shape_str(t1.shape)}, "
+                             f"{n2} {_shape_str(t2.shape)})")
+
+
+def _rows_one_stride_apart(t):
+    return t.shape[0] <= 1 or t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
+
+
+def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, rotary_seqlens):
+    """The checks of fwd_kvcache (csrc/flash3_torch.cpp, check_kvcache_inputs), in the same order."""
+    _check_cuda_same_device((("q", q),), q)
+    _check_cuda_same_device((("k_cache", k_cache), ("v_cache", v_cache)), q)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
+    _check_same_dtype((("k_cache", k_cache), ("v_cache", v_cache)), q)
+    _check_4d_last_dim((("q", q, "head_dim"), ("k_cache", k_cache, "head_dim"), ("v_cache", v_cache, "head_dim_v")))
+    kc, vc = ("k_cache", k_cache), ("v_cache", v_cache)
+    _check_shapes_match((
+        ("v_cache.shape[0] (batch_cache)", v_cache.shape[0], k_cache.shape[0], "k_cache.shape[0]", kc, vc),
+        ("v_cache.shape[1] (seqlen_cache)", v_cache.shape[1], k_cache.shape[1], "k_cache.shape[1]", kc, vc),
+        ("v_cache.shape[2] (num_heads_kv)", v_cache.shape[2], k_cache.shape[2], "k_cache.shape[2]", kc, vc),
+        ("k_cache.shape[3] (head_dim)", k_cache.shape[3], q.shape[3], "q.shape[3]", ("q", q), kc),
+    ))
+    hq, hkv = q.shape[2], k_cache.shape[2]
+    if hkv < 1 or hq % hkv != 0:
+        raise ValueError(f"flash3: q.shape[2] (num_heads_q) is {hq}, which is not a multiple of k_cache.shape[2] "
+                         f"(num_heads_kv) {hkv}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
+    d, dv = q.shape[3], v_cache.shape[3]
+    if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
+        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v_cache.shape[-1] "
+                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
+                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
+    if cache_batch_idx is None and k_cache.shape[0] < q.shape[0]:
+        raise ValueError(f"flash3: k_cache.shape[0] (batch_cache) is {k_cache.shape[0]}, less than q.shape[0] (batch) "
+                         f"{q.shape[0]}; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache "
+                         "entry b)")
+    for name, c in (kc, vc):
+        if not _rows_one_stride_apart(c):
+            raise ValueError(f"flash3: {name}.stride(0) (batch_cache) is {c.stride(0)}; expected "
+                             f"{c.shape[1] * c.stride(1)} = {name}.shape[1] * {name}.stride(1) (seqlen_cache * row "
+                             "stride): the rows of all cache entries must be one stride apart (e.g. a contiguous "
+                             "cache, or one sliced along the heads, not along seqlen_cache)")
+    if (k is None) != (v is None):
+        raise ValueError(f"flash3: k and v (the new rows) must be given together, but {'v' if k is not None else 'k'} "
+                         "is None")
+    if k is not None:
+        _check_cuda_same_device((("k", k), ("v", v)), q)
+        _check_same_dtype((("k", k), ("v", v)), q)
+        _check_4d_last_dim((("k", k, "head_dim"), ("v", v, "head_dim_v")))
+        _check_shapes_match((
+            ("k.shape[0] (batch)", k.shape[0], q.shape[0], "q.shape[0]", ("q", q), ("k", k)),
+            ("v.shape[0] (batch)", v.shape[0], q.shape[0], "q.shape[0]", ("q", q), ("v", v)),
+            ("v.shape[1] (seqlen_new)", v.shape[1], k.shape[1], "k.shape[1]", ("k", k), ("v", v)),
+            ("k.shape[2] (num_heads_kv)", k.shape[2], k_cache.shape[2], "k_cache.shape[2]", ("k", k), kc),
+            ("v.shape[2] (num_heads_kv)", v.shape[2], k_cache.shape[2], "k_cache.shape[2]", ("v", v), kc),
+            ("k.shape[3] (head_dim)", k.shape[3], k_cache.shape[3], "k_cache.shape[3]", ("k", k), kc),
+            ("v.shape[3] (head_dim_v)", v.shape[3], v_cache.shape[3], "v_cache.shape[3]", ("v", v), vc),
+        ))
+        if k.shape[1] > k_cache.shape[1]:
+            raise ValueError(f"flash3: k.shape[1] (seqlen_new) is {k.shape[1]}; expected at most k_cache.shape[1] "
+                             f"(seqlen_cache) = {k_cache.shape[1]}: the cache is too small for the new rows")
+        if cache_seqlens is None:
+            raise ValueError("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at "
+                             "rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass "
+                             "cache_seqlens: an int or a (batch,) torch.int32 tensor)")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flash3: rotary_cos and rotary_sin must be given together, but "
+                         f"{'rotary_sin' if rotary_cos is not None else 'rotary_cos'} is None")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the "
+                             "new keys (and to q) as they are appended; pass k and v, or no rotary tables")
+        _check_rotary_tables(q, k_cache, rotary_cos, rotary_sin)
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad), ("rotary_seqlens", rotary_seqlens)):
+        if t is None:
+            continue
+        _check_int32_vector(t, name, q, _PER_SEQUENCE)
+        if t.numel() != q.shape[0]:
+            raise ValueError(f"flash3: {name} has {t.numel()} entries (shape {_shape_str(t.shape)}); expected "
+                             f"{q.shape[0]} (one per sequence: q.shape[0], batch)")
+
+
+_PER_SEQUENCE = "one entry per sequence"
+
+
+def _check_rotary_tables(q, k_cache, cos, sin):
+    """The C++ check_rotary_tables: (seqlen_ro, rotary_dim / 2) each, q's device and dtype,
+    rotary_dim <= head_dim, seqlen_ro >= seqlen_cache, unit stride in the last dimension."""
+    _check_cuda_same_device((("rotary_cos", cos), ("rotary_sin", sin)), q)
+    _check_same_dtype((("rotary_cos", cos), ("rotary_sin", sin)), q)
+    if cos.dim() != 2:
+        raise ValueError(f"flash3: rotary_cos has {cos.dim()} dimensions (shape {_shape_str(cos.shape)}); expected a "
+                         "2-d tensor (seqlen_ro, rotary_dim / 2)")
+    if tuple(sin.shape) != tuple(cos.shape):
+        raise ValueError(f"flash3: rotary_sin has shape {_shape_str(sin.shape)}; expected {_shape_str(cos.shape)} to "
+                         "match rotary_cos (seqlen_ro, rotary_dim / 2)")
+    d = q.shape[3]
+    if not (cos.shape[1] >= 1 and 2 * cos.shape[1] <= d):
+        raise ValueError(f"flash3: rotary_cos.shape[1] (rotary_dim / 2) is {cos.shape[1]}; expected 1 to {d // 2} "
+                         f"(rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = "
+                         f"{d})")
+    if cos.shape[0] < k_cache.shape[1]:
+        raise ValueError(f"flash3: rotary_cos.shape[0] (seqlen_ro) is {cos.shape[0]}; expected at least "
+                         f"k_cache.shape[1] (seqlen_cache) = {k_cache.shape[1]} (one row per cache position)")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash3: {name}.stride(-1) (rotary_dim / 2) is {t.stride(-1)}; expected 1: the "
+                             f"rotary_dim / 2 dimension must be contiguous (use {name}.contiguous())")
+
+
+@torch.library.register_fake("flash3::fwd_kvcache")
+def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                      cache_batch_idx=None, cache_leftpad=None, rotary_seqlens=None, softmax_scale=None, causal=False,
+                      window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True, num_splits=0,
+                      pack_gqa=-1):
+    _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, rotary_seqlens)
+    _check_softmax_scale(softmax_scale)
+    _check_softcap(softcap)
+    _check_pack_gqa(pack_gqa)
+    _check_num_splits(num_splits)
+    b, sq, hq, _ = q.shape
+    dv = v_cache.shape[3]
+    out = q.new_empty((b, sq, hq, dv))
+    # The real op's layout: a (batch, num_heads_q, seqlen_q) view of a contiguous (num_heads_q,
+    # batch, seqlen_q) tensor.
+    lse = q.new_empty((hq, b, sq), dtype=torch.float32).permute(1, 0, 2)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
 # Public API.
 # ---------------------------------------------------------------------------
 def _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk):
@@ -736,6 +932,311 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
     softmax_lse = torch.empty((b, h, s), dtype=torch.float32, device=out_partial.device).transpose(1, 2)
     _combine(out_partial, lse_partial, out, softmax_lse)
     return out, softmax_lse
+
+
+# ---------------------------------------------------------------------------
+# KV-cache attention.
+# ---------------------------------------------------------------------------
+def _check_kvcache_not_implemented(page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin):
+    """flash_attn_with_kvcache's FlashAttention-3 arguments flash3 does not have yet."""
+    if page_table is not None:
+        raise NotImplementedError("flash3: page_table (paged KV cache) is not supported yet; pass None (a "
+                                  "(batch_cache, seqlen_cache, num_heads_kv, head_dim) cache, with cache_batch_idx "
+                                  "to pick the entries)")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
+        if t is not None:
+            raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet in "
+                                      "flash_attn_with_kvcache; pass None")
+    if max_seqlen_q is not None:
+        raise NotImplementedError("flash3: max_seqlen_q is only meaningful with cu_seqlens_q, which is not supported "
+                                  "yet in flash_attn_with_kvcache; pass None")
+    if sm_margin != 0:
+        raise NotImplementedError(f"flash3: sm_margin={sm_margin} is not supported yet in flash_attn_with_kvcache "
+                                  "(its plan uses every SM); pass 0")
+
+
+def _cache_seqlens_tensor(cache_seqlens, q):
+    """An int cache_seqlens (every sequence holds that many rows) as FlashAttention-3 makes it: a
+    (batch,) torch.int32 tensor on q's device."""
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+        raise TypeError(f"flash3: cache_seqlens is {cache_seqlens!r} ({type(cache_seqlens).__name__}); expected "
+                        "None, an int or a (batch,) torch.int32 tensor")
+    if not 0 <= cache_seqlens <= _INT32_MAX:
+        raise ValueError(f"flash3: cache_seqlens is {cache_seqlens}; expected an int in [0, 2147483647] (the number "
+                         "of rows each cache entry holds) or a (batch,) torch.int32 tensor")
+    return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _scheduler_metadata_plan(scheduler_metadata):
+    """(num_splits, pack_gqa) from get_scheduler_metadata's result: a CPU torch.int32 tensor of 2
+    values (or a tuple / list of 2 ints, e.g. its .tolist(), which torch.compile(fullgraph=True)
+    can trace without reading a tensor)."""
+    md = scheduler_metadata
+    if isinstance(md, torch.Tensor):
+        if md.device.type != "cpu":
+            raise ValueError(f"flash3: scheduler_metadata is on device '{md.device}'; expected the CPU torch.int32 "
+                             "tensor [num_splits, pack_gqa] that flash3.get_scheduler_metadata returns (flash3's "
+                             "plan is decided on the host)")
+        if md.dtype != torch.int32:
+            raise TypeError(f"flash3: scheduler_metadata.dtype is {_dtype_str(md.dtype)}; expected torch.int32 (the "
+                            "[num_splits, pack_gqa] tensor of flash3.get_scheduler_metadata)")
+        if tuple(md.shape) != (2,):
+            raise ValueError(f"flash3: scheduler_metadata has shape {_shape_str(md.shape)}; expected (2,) "
+                             "([num_splits, pack_gqa], as flash3.get_scheduler_metadata returns it)")
+        values = md.tolist()
+    elif isinstance(md, (tuple, list)) and len(md) == 2 and _is_int(md[0]) and _is_int(md[1]):
+        values = [md[0], md[1]]
+    else:
+        raise TypeError(f"flash3: scheduler_metadata is {type(md).__name__}; expected None or the CPU torch.int32 "
+                        "tensor [num_splits, pack_gqa] of flash3.get_scheduler_metadata (or a tuple of those two "
+                        "ints)")
+    num_splits, pack_gqa = values
+    if not (1 <= num_splits <= 256 and pack_gqa in (0, 1)):
+        raise ValueError(f"flash3: scheduler_metadata holds [num_splits, pack_gqa] = [{num_splits}, {pack_gqa}]; "
+                         "expected num_splits in [1, 256] and pack_gqa 0 or 1 (use flash3.get_scheduler_metadata)")
+    return num_splits, pack_gqa
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    qv: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: Optional[Union[torch.Tensor, Tuple[int, int]]] = None,
+    num_splits: int = 0,
+    pack_gqa: Optional[bool] = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of q over a KV cache, after appending new keys / values to it (FlashAttention-3's
+    flash_attn_with_kvcache, positional order included): the incremental-decoding step. Forward
+    only.
+
+    Per sequence b of the batch:
+      1. when k / v are given, their seqlen_new rows are written into the cache *in place*, at rows
+         [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of cache entry cache_batch_idx[b]
+         (rows at or past seqlen_cache are dropped: the cache must have room for them); with
+         rotary_cos / rotary_sin the keys are rotated first (the values never are);
+      2. q[b] (rotated too when rotary tables are given) attends to rows
+         [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of that cache entry, i.e.
+         seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seqlen_new keys. Masks are aligned to
+         the bottom-right corner of each sequence, as in flash_attn_func: query i sees key j
+         (counted from the leftpad) iff j <= i + seqlen_k - seqlen_q under causal, and
+         i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right with
+         window_size = (left, right). A query that sees no key gets out = 0 and
+         softmax_lse = -inf.
+
+    Arguments:
+        q: (batch, seqlen_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper
+            GPU; last dimension contiguous (a q whose (batch, seqlen_q) rows are not one stride
+            apart, e.g. a slice along seqlen, is copied first). Not modified.
+        k_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim), q's dtype and device, last
+            dimension contiguous and the rows of all entries one stride apart
+            (k_cache.stride(0) == seqlen_cache * k_cache.stride(1): e.g. contiguous, or a slice
+            along the heads). Written in place when k is given.
+        v_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim_v), likewise.
+            (head_dim, head_dim_v) must be one this build has forward kernels for
+            (flash3.forward_is_built); num_heads_q a multiple of num_heads_kv (GQA / MQA).
+        k, v: optional new rows (both or neither), (batch, seqlen_new, num_heads_kv, head_dim) /
+            (batch, seqlen_new, num_heads_kv, head_dim_v), q's dtype, last dimension
+            contiguous; need cache_seqlens. seqlen_new may be 0, at most seqlen_cache. They must
+            not share memory with the caches.
+        qv: FlashAttention-3's extra query for head_dim_v (MLA); not supported yet
+            (NotImplementedError unless None).
+        rotary_cos, rotary_sin: optional rotary embedding tables (both or neither; need k and v),
+            (seqlen_ro, rotary_dim / 2) each, q's dtype, last dimension contiguous, rotary_dim
+            even and <= head_dim (any even rotary_dim: FlashAttention-3 wants a multiple of 16),
+            seqlen_ro >= seqlen_cache. New key i of sequence b is rotated to position pos_b + i,
+            with pos_b = rotary_seqlens[b] if given, else cache_seqlens[b]; query i is rotated to
+            position pos_b + i when causal or local (a window that cuts something), else to pos_b
+            (all queries at the first new position), as in FlashAttention-3. Per pair (x0, x1)
+            at a position with table entries (c, s), in fp32: x0' = fma(x0, c, -(x1 s)),
+            x1' = fma(x0, s, x1 c), rounded to the dtype; dims >= rotary_dim are unchanged.
+        cache_seqlens: the number of rows each cache entry holds before the append: an int (every
+            sequence) or a (batch,) torch.int32 tensor on q's device (contiguous). None: every
+            entry holds seqlen_cache rows (k / v then cannot be given).
+        cache_batch_idx: optional (batch,) torch.int32 on q's device: the cache entry of each
+            sequence (default: entry b, which needs batch_cache >= batch). With k / v, entries
+            should be distinct (which of several sequences' rows a shared entry keeps is
+            unspecified).
+        cache_leftpad: optional (batch,) torch.int32 on q's device: the first row of each entry
+            that attention reads (left padding; default 0). The append position ignores it.
+        page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q (meaningful only with
+            cu_seqlens_q): paged caches and variable-length q / new rows are not supported yet
+            (NotImplementedError unless None).
+        rotary_seqlens: optional (batch,) torch.int32 on q's device: the rotary position of the
+            first new row (default cache_seqlens); ignored without rotary tables (as in
+            FlashAttention-3).
+        q_descale, k_descale, v_descale: FP8 descaling; not supported yet (NotImplementedError
+            unless None).
+        softmax_scale, causal, window_size, softcap: as in flash_attn_func (None scale:
+            1 / sqrt(head_dim); causal keeps window_size's left side: local attention).
+        attention_chunk: must be 0 (NotImplementedError otherwise).
+        rotary_interleaved: True: rotary pairs are dims (2j, 2j + 1) (GPT-J); False: (j,
+            j + rotary_dim / 2) (GPT-NeoX).
+        scheduler_metadata: None, or the plan of get_scheduler_metadata (a CPU torch.int32 tensor
+            [num_splits, pack_gqa], or a tuple of those two ints): used instead of num_splits and
+            pack_gqa, so that every call (a CUDA graph's replays included) runs the same plan.
+            flash3 decides its plan on the host from the shapes, so this is never needed for
+            CUDA-graph capture; it only pins the plan. Under torch.compile(fullgraph=True) pass
+            the tuple (reading a tensor's values would break the graph).
+        num_splits: split-KV: 0 (the default, as FlashAttention-3 here): a heuristic decides
+            (it splits when there are few query tiles, e.g. decoding); 1: no split; n in
+            [2, 256]: at most n splits. Only the speed depends on it (and fp32 rounding).
+        pack_gqa: None (heuristic), True or False; only the speed depends on it.
+        sm_margin: must be 0 (NotImplementedError otherwise).
+        return_softmax_lse: also return softmax_lse.
+
+    The int32 tensors are read on the device only (no synchronisation; the call can be captured
+    in a CUDA graph and replayed with new values in them). Their values are the caller's
+    contract: cache_batch_idx outside [0, batch_cache), cache_seqlens / cache_leftpad outside
+    [0, seqlen_cache] are clamped on the device (nothing outside the tensors is read or written,
+    but the results are meaningless), cache_leftpad should not exceed cache_seqlens.
+
+    Returns:
+        out: (batch, seqlen_q, num_heads_q, head_dim_v), q's dtype, contiguous; or, with
+        return_softmax_lse, (out, softmax_lse): softmax_lse (batch, num_heads_q, seqlen_q)
+        torch.float32, the natural-log logsumexp of each row of the scaled (and capped) scores,
+        a permuted view of a contiguous (num_heads_q, batch, seqlen_q) tensor. (FlashAttention-3
+        returns two more internal tensors after softmax_lse; ``out, lse, *rest = ...`` works
+        with both.)
+
+    No backward: the outputs never require grad (gradients do not flow to q, the caches or
+    k / v), as FlashAttention-3's flash_attn_with_kvcache has no backward either. The caches'
+    version counters are bumped when k / v are written.
+
+    Raises (before anything is launched or written): ValueError (CPU tensors, mismatched
+    devices or shapes, strides, k without v, rotary tables without k, a bad
+    scheduler_metadata, softmax_scale / softcap out of range), TypeError (dtypes, int arrays
+    that are not torch.int32, pack_gqa / num_splits types), NotImplementedError (the arguments
+    above that flash3 does not support yet; softcap > 0 in a build without the softcap
+    kernels), RuntimeError (a CUDA error).
+    """
+    _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_kvcache_not_implemented(page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin)
+    if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
+        softcap = _check_softcap(softcap)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = _cache_seqlens_tensor(cache_seqlens, q)
+    window_left, window_right = _window_sides(window_size)
+    if scheduler_metadata is not None:
+        num_splits, pack = _scheduler_metadata_plan(scheduler_metadata)
+    else:
+        num_splits, pack = _check_num_splits(num_splits), _pack_gqa_arg(pack_gqa)
+    out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap,
+                            rotary_interleaved, num_splits, pack)
+    if return_softmax_lse:
+        return out, lse
+    return out
+
+
+def get_scheduler_metadata(
+    batch_size: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    num_heads_q: int,
+    num_heads_kv: int,
+    headdim: int,
+    cache_seqlens: Optional[torch.Tensor] = None,
+    qkv_dtype: torch.dtype = torch.bfloat16,
+    headdim_v: Optional[int] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k_new: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    page_size: Optional[int] = None,
+    max_seqlen_k_new: int = 0,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    has_softcap: bool = False,
+    num_splits: int = 0,
+    pack_gqa: Optional[bool] = None,
+    sm_margin: int = 0,
+) -> torch.Tensor:
+    """The launch plan of flash_attn_with_kvcache for these shapes (FlashAttention-3's
+    get_scheduler_metadata, same arguments), to pass back as its scheduler_metadata.
+
+    flash3 decides its plan on the host from the shapes and options only (the number of KV
+    splits and whether the query heads are packed, flash3::forward_plan on the current device,
+    or cache_seqlens' device when that is a CUDA tensor), never from the values of cache_seqlens
+    / cache_leftpad, which are accepted and ignored. The plan is made for keys of length
+    max_seqlen_k + max_seqlen_k_new (the cache size plus the new rows).
+
+    Arguments: batch_size, max_seqlen_q, max_seqlen_k (the cache size, seqlen_cache),
+    num_heads_q, num_heads_kv, headdim, headdim_v (default headdim): the shapes of the
+    flash_attn_with_kvcache calls; qkv_dtype torch.bfloat16 or torch.float16; max_seqlen_k_new:
+    seqlen_new of k / v; causal, window_size, has_softcap (softcap > 0), num_splits (0:
+    heuristic, 1: none, n: at most n), pack_gqa (None: heuristic): as in those calls.
+    cu_seqlens_q, cu_seqlens_k_new, page_size, attention_chunk != 0 and sm_margin != 0 are not
+    supported yet (NotImplementedError).
+
+    Returns:
+        A CPU torch.int32 tensor [num_splits, pack_gqa] (num_splits >= 1: 1 means no split;
+        pack_gqa 0 or 1). Unlike FlashAttention-3's (a device tensor), it carries no per-batch
+        data: any call with the same shapes and options may use it.
+
+    Raises: NotImplementedError (above), TypeError (non-int sizes, a dtype other than
+    torch.float16 / torch.bfloat16, pack_gqa / num_splits types), ValueError (sizes < 1 or
+    beyond int32, bad num_splits, shapes or options flash3::forward_plan rejects),
+    RuntimeError (no usable CUDA device).
+    """
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
+        if t is not None:
+            raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet; pass None")
+    if page_size is not None:
+        raise NotImplementedError("flash3: page_size (paged KV cache) is not supported yet; pass None")
+    if attention_chunk != 0:
+        raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
+    if sm_margin != 0:
+        raise NotImplementedError(f"flash3: sm_margin={sm_margin} is not supported yet; pass 0")
+    if headdim_v is None:
+        headdim_v = headdim
+    sizes = (("batch_size", batch_size, 1), ("max_seqlen_q", max_seqlen_q, 1), ("max_seqlen_k", max_seqlen_k, 0),
+             ("num_heads_q", num_heads_q, 1), ("num_heads_kv", num_heads_kv, 1), ("headdim", headdim, 1),
+             ("headdim_v", headdim_v, 1), ("max_seqlen_k_new", max_seqlen_k_new, 0))
+    for name, x, lo in sizes:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"flash3: {name} is {x!r} ({type(x).__name__}); expected an int")
+        if not lo <= x <= _INT32_MAX:
+            raise ValueError(f"flash3: {name} is {x}; expected an int in [{lo}, 2147483647]")
+    seqlen_k = max_seqlen_k + max_seqlen_k_new
+    window_left, window_right = _window_sides(window_size)
+    num_splits = _check_num_splits(num_splits)
+    pack = _pack_gqa_arg(pack_gqa)
+    args = (qkv_dtype, batch_size, max_seqlen_q, seqlen_k, num_heads_q, num_heads_kv, headdim, headdim_v,
+            bool(causal), window_left, window_right, 1.0 if has_softcap else 0.0, num_splits, pack)
+    if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device.type == "cuda":
+        with torch.cuda.device(cache_seqlens.device):
+            plan = _forward_plan(*args)
+    else:
+        plan = _forward_plan(*args)
+    return torch.tensor(plan, dtype=torch.int32)
 
 
 def _byte_ranges_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

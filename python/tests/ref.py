@@ -168,3 +168,137 @@ def rounding_atol(ref, dtype):
         return 0.0
     rd = r.to(dtype)
     return 2 * ((rd + 0.3 - 0.3) - rd).float().abs().max().item() + 1e-5
+
+
+# ---------------------------------------------------------------------------
+# KV-cache attention (flash_attn_with_kvcache): rotary embedding, append, attention per sequence.
+# ---------------------------------------------------------------------------
+def apply_rotary_ref(x, cos, sin, positions, interleaved):
+    """x (batch, seqlen, heads, head_dim) fp16 / bf16 rotated at positions (batch, seqlen) (int64)
+    with the rows of cos / sin (seqlen_ro, rotary_dim / 2) (x's dtype), bit-exact against flash3's
+    kernels (include/flash3/flash3.h, KVCacheArgs): per pair (x0, x1), in fp32,
+        x0' = fma(x0, c, -(x1 * s)),  x1' = fma(x0, s, x1 * c),
+    rounded to x's dtype (round to nearest even); pairs (2j, 2j + 1) when interleaved, else
+    (j, j + rotary_dim / 2); dims >= rotary_dim unchanged. A position outside [0, seqlen_ro)
+    rotates by the identity (c = 1, s = 0; the tests keep positions inside the table).
+
+    Why plain fp32 torch arithmetic is exact here: x, c and s are fp16 / bf16 values (at most 11
+    significant bits), so each product x0 * c, x1 * s, ... has at most 22 significant bits and is
+    exact in fp32 (24 bits) as long as it stays in fp32's normal range (asserted below). Then
+    fma(x0, c, -(x1 * s)) is the exact x0 * c - x1 * s rounded once to fp32, and so is the fp32
+    subtraction (x0 * c) - (x1 * s) of the two exact products: IEEE subtraction rounds its exact
+    result once. The same holds for x1' (an addition). Any evaluation order of the kernel (fma
+    either way round, or no fma) gives that same correctly rounded value; the final fp32 -> dtype
+    rounding (RNE) is torch's .to(dtype). So the appended cache rows and the rotated q can be
+    compared bit for bit.
+    """
+    dtype = x.dtype
+    half = cos.shape[1]
+    rd = 2 * half
+    ro = cos.shape[0]
+    valid = (positions >= 0) & (positions < ro)
+    idx = positions.clamp(0, ro - 1)
+    c = torch.where(valid.unsqueeze(-1), cos.float()[idx], torch.ones((), device=x.device))  # (b, s, half)
+    s = torch.where(valid.unsqueeze(-1), sin.float()[idx], torch.zeros((), device=x.device))
+    c, s = c.unsqueeze(2), s.unsqueeze(2)  # broadcast over the heads
+    xf = x.float()
+    if interleaved:
+        x0, x1 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+    else:
+        x0, x1 = xf[..., :half], xf[..., half:rd]
+    p00, p11, p01, p10 = x0 * c, x1 * s, x0 * s, x1 * c
+    for p, a, b in ((p00, x0, c), (p11, x1, s), (p01, x0, s), (p10, x1, c)):
+        exact = a.double() * b.double()
+        tiny = (exact != 0) & (exact.abs() < 2.0 ** -126)  # an fp32 subnormal product may be rounded
+        assert torch.equal(p.double(), exact) and not bool(tiny.any()), \
+            "apply_rotary_ref: an fp32 product is not exact (inputs outside the fp16/bf16 normal range?)"
+    r0 = (p00 - p11).to(dtype)
+    r1 = (p01 + p10).to(dtype)
+    out = x.clone()
+    if interleaved:
+        out[..., 0:rd:2] = r0
+        out[..., 1:rd:2] = r1
+    else:
+        out[..., :half] = r0
+        out[..., half:rd] = r1
+    return out
+
+
+def rotary_advances_q(causal, window, seqlen_q, seqlen_cache):
+    """Whether query i is rotated to position pos_b + i (causal or local attention) rather than
+    pos_b: causal, or a window side that cuts something after FlashAttention-3's normalisation
+    (left < seqlen_cache - 1, right < seqlen_q - 1; a negative side is unbounded)."""
+    wl, wr = window
+    return causal or 0 <= wl < seqlen_cache - 1 or 0 <= wr < seqlen_q - 1
+
+
+def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                cache_batch_idx=None, cache_leftpad=None, rotary_seqlens=None, softmax_scale=None, causal=False,
+                window=(-1, -1), rotary_interleaved=True, softcap=0.0):
+    """flash_attn_with_kvcache by explicit torch math. Returns a dict:
+        k_cache, v_cache  clones of the caches with the new rows k / v written at rows
+                          [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of entry
+                          cache_batch_idx[b] (k rotated when rotary tables are given; rows at or
+                          past seqlen_cache dropped); bit-exact (apply_rotary_ref)
+        q_rot             q rotated as the kernels rotate it (bit-exact), or q
+        out, lse          the fp32 reference: per sequence b, attention_ref(upcast=True) of
+                          q_rot[b] over rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of
+                          the updated entry (bottom-right masks with seqlen_k = that many rows,
+                          GQA by head repetition); a sequence without keys gives 0 / -inf
+        out_lowp, lse_lowp  the plain low-precision baseline (attention_ref(upcast=False),
+                          lse_lowp) on the same inputs, for the tolerance rule
+    cache_seqlens None: every entry holds seqlen_cache rows (k must be None). The int32 arrays are
+    read on the host here (the test's side; flash3 never reads them on the host)."""
+    b, sq = q.shape[0], q.shape[1]
+    sc = k_cache.shape[1]
+    dev = q.device
+    s_new = 0 if k is None else k.shape[1]
+    if cache_seqlens is None:
+        assert k is None, "k / v need cache_seqlens"
+        seqlens = torch.full((b,), sc, dtype=torch.int64)
+    else:
+        seqlens = cache_seqlens.long().cpu()
+    idx = cache_batch_idx.long().cpu() if cache_batch_idx is not None else torch.arange(b)
+    lpad = cache_leftpad.long().cpu() if cache_leftpad is not None else torch.zeros(b, dtype=torch.int64)
+    rot0 = rotary_seqlens.long().cpu() if rotary_seqlens is not None else seqlens
+    kc, vc = k_cache.clone(), v_cache.clone()
+    rotary = rotary_cos is not None
+    if k is not None:
+        k_new = k
+        if rotary:
+            pos = (rot0.view(-1, 1) + torch.arange(s_new).view(1, -1)).to(dev)
+            k_new = apply_rotary_ref(k, rotary_cos, rotary_sin, pos, rotary_interleaved)
+        for i in range(b):
+            rows = seqlens[i].item() + torch.arange(s_new)
+            keep = rows < sc
+            kc[idx[i].item(), rows[keep].to(dev)] = k_new[i, keep.to(dev)]
+            vc[idx[i].item(), rows[keep].to(dev)] = v[i, keep.to(dev)]
+    q_rot = q
+    if rotary:
+        steps = torch.arange(sq) if rotary_advances_q(causal, window, sq, sc) else torch.zeros(sq, dtype=torch.int64)
+        q_rot = apply_rotary_ref(q, rotary_cos, rotary_sin, (rot0.view(-1, 1) + steps.view(1, -1)).to(dev),
+                                 rotary_interleaved)
+    hq, dv = q.shape[2], v_cache.shape[3]
+    outs, lses, outs_low, lses_low = [], [], [], []
+    for i in range(b):
+        lo, hi = lpad[i].item(), seqlens[i].item() + s_new
+        assert 0 <= lo <= hi <= sc, f"kvcache_ref: sequence {i}: rows [{lo}, {hi}) outside the cache (0, {sc})"
+        qi = q_rot[i:i + 1]
+        if hi == lo:  # no key: out 0, lse -inf (flash3's and FlashAttention-3's empty rows)
+            outs.append(torch.zeros(1, sq, hq, dv, device=dev))
+            outs_low.append(torch.zeros(1, sq, hq, dv, device=dev, dtype=q.dtype))
+            lses.append(torch.full((1, hq, sq), float("-inf"), device=dev))
+            lses_low.append(torch.full((1, hq, sq), float("-inf"), device=dev))
+            continue
+        ki, vi = kc[idx[i].item(), lo:hi].unsqueeze(0), vc[idx[i].item(), lo:hi].unsqueeze(0)
+        o, lse = attention_ref(qi, ki, vi, causal, window, softmax_scale, upcast=True, softcap=softcap)
+        o_low, _ = attention_ref(qi, ki, vi, causal, window, softmax_scale, upcast=False, softcap=softcap)
+        outs.append(o)
+        lses.append(lse)
+        outs_low.append(o_low)
+        lses_low.append(lse_lowp(qi, ki, causal, window, softmax_scale, softcap=softcap))
+    return {
+        "k_cache": kc, "v_cache": vc, "q_rot": q_rot,
+        "out": torch.cat(outs), "lse": torch.cat(lses),
+        "out_lowp": torch.cat(outs_low), "lse_lowp": torch.cat(lses_low),
+    }

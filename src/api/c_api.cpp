@@ -3,6 +3,7 @@
 // string (successful calls leave it unchanged).
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <new>
@@ -207,6 +208,38 @@ flash3_status forward_impl(const char* where, const flash3_tensor* q, const flas
   }
 }
 
+// flash3_kvcache_args -> KVCacheArgs (NULL tensors: absent).
+flash3::Status kvcache_args(const flash3_kvcache_args* c, const flash3_options* opts, flash3::KVCacheArgs* a) {
+  if (c == nullptr) return flash3::Status::Invalid("args is NULL; expected a flash3_kvcache_args");
+  if (c->struct_size != sizeof(flash3_kvcache_args))
+    return flash3::Status::Invalid("args->struct_size is " + std::to_string(c->struct_size) + "; expected " +
+                                   std::to_string(sizeof(flash3_kvcache_args)) +
+                                   " (sizeof(flash3_kvcache_args)): initialise with flash3_default_kvcache_args()");
+  const struct {
+    const flash3_tensor* t;
+    const char* name;
+    flash3::TensorView* view;
+  } items[] = {{c->q, "q", &a->q},
+               {c->k_cache, "k_cache", &a->k_cache},
+               {c->v_cache, "v_cache", &a->v_cache},
+               {c->k_new, "k_new", &a->k_new},
+               {c->v_new, "v_new", &a->v_new},
+               {c->rotary_cos, "rotary_cos", &a->rotary_cos},
+               {c->rotary_sin, "rotary_sin", &a->rotary_sin},
+               {c->out, "out", &a->out},
+               {c->lse, "lse", &a->lse}};
+  for (const auto& it : items) {
+    flash3::Status s = to_view(it.t, it.name, it.view);
+    if (!s.ok()) return s;
+  }
+  a->rotary_interleaved = c->rotary_interleaved != 0;
+  a->cache_seqlens = c->cache_seqlens;
+  a->cache_batch_idx = c->cache_batch_idx;
+  a->cache_leftpad = c->cache_leftpad;
+  a->rotary_seqlens = c->rotary_seqlens;
+  return to_options(opts, &a->opts);
+}
+
 }  // namespace
 
 extern "C" {
@@ -310,6 +343,58 @@ flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_parti
     FLASH3_C_TRY(kWhere, to_view(out, "out", &a.out));
     FLASH3_C_TRY(kWhere, to_view(lse, "lse", &a.lse));
     return report(kWhere, flash3::combine(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
+flash3_kvcache_args flash3_default_kvcache_args(void) {
+  flash3_kvcache_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(flash3_kvcache_args);
+  a.rotary_interleaved = 1;
+  return a;
+}
+
+flash3_status flash3_forward_kvcache(const flash3_kvcache_args* args, const flash3_options* opts, void* workspace,
+                                     size_t workspace_bytes, void* stream) {
+  static const char* kWhere = "flash3_forward_kvcache";
+  try {
+    flash3::KVCacheArgs a;
+    FLASH3_C_TRY(kWhere, kvcache_args(args, opts, &a));
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return report(kWhere, flash3::forward_kvcache(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
+size_t flash3_kvcache_workspace_size(const flash3_kvcache_args* args, const flash3_options* opts) {
+  try {
+    flash3::KVCacheArgs a;
+    if (!kvcache_args(args, opts, &a).ok()) return 0;
+    return flash3::kvcache_workspace_size(a);
+  } catch (...) {
+    return 0;
+  }
+}
+
+flash3_status flash3_forward_plan(int32_t dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k, int32_t heads_q,
+                                  int32_t heads_kv, int32_t head_dim, int32_t head_dim_v, const flash3_options* opts,
+                                  int32_t* num_splits, int32_t* pack_gqa) {
+  static const char* kWhere = "flash3_forward_plan";
+  try {
+    if (num_splits == nullptr || pack_gqa == nullptr)
+      return report(kWhere, flash3::Status::Invalid("num_splits / pack_gqa is NULL; expected pointers to int32"));
+    flash3::AttentionOptions o;
+    FLASH3_C_TRY(kWhere, to_options(opts, &o));
+    flash3::ForwardPlan plan;
+    FLASH3_C_TRY(kWhere, flash3::forward_plan(static_cast<flash3::DType>(dtype), batch, seqlen_q, seqlen_k, heads_q,
+                                              heads_kv, head_dim, head_dim_v, o, &plan));
+    *num_splits = plan.num_splits;
+    *pack_gqa = plan.pack_gqa;
+    return FLASH3_OK;
   } catch (...) {
     return report_exception(kWhere);
   }

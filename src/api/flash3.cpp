@@ -233,6 +233,115 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   }
 }
 
+namespace {
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// A KV-cache call's scratch: the attention's (varlen maps, split partials),
+// then the rotated q (contiguous (b, sq, hq, d)) when rotary is on.
+struct KVCacheScratch {
+  size_t attention_bytes = 0, q_rot_offset = 0, bytes = 0;
+};
+KVCacheScratch kvcache_scratch(const KVCacheArgs& args, const FwdParams& p) {
+  KVCacheScratch s;
+  s.attention_bytes = forward_workspace_bytes(p);
+  s.q_rot_offset = align256(s.attention_bytes);
+  s.bytes = s.attention_bytes;
+  if (args.rotary_cos.defined() && args.q.numel() > 0)
+    s.bytes = s.q_rot_offset + size_t(args.q.numel()) * size_t(dtype_size(args.q.dtype));
+  return s;
+}
+}  // namespace
+
+size_t kvcache_workspace_size(const KVCacheArgs& args) {
+  try {
+    if (!check_kvcache_structure(args).ok() || kvcache_is_empty(args)) return 0;
+    return kvcache_scratch(args, make_kvcache_fwd_params(args)).bytes;
+  } catch (...) {
+    return 0;
+  }
+}
+
+Status forward_kvcache(const KVCacheArgs& args, cudaStream_t stream) {
+  try {
+    FLASH3_RETURN_IF_ERROR(validate_kvcache(args));
+    if (kvcache_is_empty(args)) return Status::Ok();
+    if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    FwdParams params = make_kvcache_fwd_params(args);
+    const KVCacheScratch layout = kvcache_scratch(args, params);
+    Scratch ws;
+    FLASH3_RETURN_IF_ERROR(
+        ws.acquire(args.workspace, args.workspace_bytes, layout.bytes, "kvcache_workspace_size()", stream));
+    // The append (and rotary) first: the attention then reads the updated
+    // cache and the rotated q, ordered on the stream.
+    AppendKVParams append = make_append_params(args);
+    if (append.rotary_dim > 0) {
+      append.q_out = static_cast<char*>(ws.ptr) + layout.q_rot_offset;
+      params.q = append.q_out;
+      params.q_row_stride = append.qo_row_stride;
+      params.q_head_stride = append.qo_head_stride;
+    }
+    Status launched = launch_append_kv(append, stream);
+    if (launched.ok() && args.q.shape[1] > 0) {
+      params.workspace = ws.ptr;
+      launched = launch_forward(params, stream);
+    }
+    return ws.release(launched, stream);
+  } catch (const std::exception& e) {
+    return internal_error("flash3::forward_kvcache", e.what());
+  } catch (...) {
+    return internal_error("flash3::forward_kvcache", "unknown");
+  }
+}
+
+Status forward_plan(DType dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                    int head_dim_v, const AttentionOptions& opts, ForwardPlan* plan) {
+  try {
+    if (plan == nullptr) return Status::Invalid("plan is null");
+    FLASH3_RETURN_IF_ERROR(check_attention_options(opts));
+    auto need = [](const char* name, int v, int lo) {
+      return v >= lo ? Status::Ok()
+                     : Status::Invalid(std::string(name) + " is " + std::to_string(v) + "; expected >= " +
+                                       std::to_string(lo));
+    };
+    FLASH3_RETURN_IF_ERROR(need("batch", batch, 0));
+    FLASH3_RETURN_IF_ERROR(need("seqlen_q", seqlen_q, 0));
+    FLASH3_RETURN_IF_ERROR(need("seqlen_k", seqlen_k, 0));
+    FLASH3_RETURN_IF_ERROR(need("heads_q", heads_q, 1));
+    FLASH3_RETURN_IF_ERROR(need("heads_kv", heads_kv, 1));
+    FLASH3_RETURN_IF_ERROR(need("head_dim", head_dim, 1));
+    FLASH3_RETURN_IF_ERROR(need("head_dim_v", head_dim_v, 1));
+    if (heads_q % heads_kv != 0)
+      return Status::Invalid("heads_q (" + std::to_string(heads_q) + ") is not a multiple of heads_kv (" +
+                             std::to_string(heads_kv) + ")");
+    if (dtype != DType::kFloat16 && dtype != DType::kBFloat16)
+      return Status::Invalid(std::string("dtype is ") + dtype_name(dtype) + "; expected fp16 or bf16");
+    // The KV-cache / varlen launch: batch sequences of at most these lengths.
+    FwdParams p;
+    p.dtype = dtype;
+    p.varlen = true;
+    p.batch = batch;
+    p.seqlen_q = static_cast<int>(std::min<int64_t>(int64_t(batch) * seqlen_q, INT32_MAX));
+    p.seqlen_k = seqlen_k;
+    p.max_seqlen_q = std::max(seqlen_q, 1);
+    p.max_seqlen_k = std::max(seqlen_k, 1);
+    p.heads_q = heads_q;
+    p.heads_kv = heads_kv;
+    p.head_dim = head_dim;
+    p.head_dim_v = head_dim_v;
+    p.softcap = opts.softcap;
+    p.pack_gqa = opts.pack_gqa;
+    p.num_splits = opts.num_splits;
+    apply_mask_options(opts, p.max_seqlen_q, p.max_seqlen_k, &p);
+    plan->pack_gqa = fwd_pack_gqa(p) ? 1 : 0;
+    plan->num_splits = fwd_num_splits(p);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return internal_error("flash3::forward_plan", e.what());
+  } catch (...) {
+    return internal_error("flash3::forward_plan", "unknown");
+  }
+}
+
 size_t forward_workspace_size(const ForwardArgs& args) {
   try {
     return forward_workspace_bytes_of(args);

@@ -742,9 +742,11 @@ void lower_strides(const TensorView& t, bool varlen, int64_t* b, int64_t* r, int
 }
 }  // namespace
 
-FwdParams make_fwd_params(const ForwardArgs& args) {
+namespace {
+// varlen: q / k / v / out are (rows, heads, dim) and lse (heads, rows), with
+// or without cu_seqlens (the KV-cache layout lowers to them without).
+FwdParams lower_forward(const ForwardArgs& args, bool varlen) {
   FwdParams p;
-  const bool varlen = is_varlen(args.opts);
   const TensorView &q = args.q, &k = args.k, &v = args.v, &o = args.out;
   p.q = q.data;
   p.k = k.data;
@@ -802,6 +804,9 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   else apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
   return p;
 }
+}  // namespace
+
+FwdParams make_fwd_params(const ForwardArgs& args) { return lower_forward(args, is_varlen(args.opts)); }
 
 void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p) {
   int wl = opts.window_left < 0 ? -1 : opts.window_left;
@@ -1030,6 +1035,371 @@ CombineParams make_combine_params(const CombineArgs& args) {
     p.lse_batch_stride = combine_stride(l, 0);
     p.lse_row_stride = combine_stride(l, 1);
     p.lse_head_stride = combine_stride(l, 2);
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// KV cache (forward_kvcache): structure, device, lowering. The attention runs
+// as the varlen forward without cu_seqlens (common/varlen.h's KV-cache
+// layout): q / out as (b * sq, hq, d) rows, the caches as (b_cache * s_cache,
+// hkv, d) rows, lse as (hq, b * sq). kvcache_attention_args() builds those
+// views and the generic checks then run on them, so the kernels' limits are
+// checked in one place.
+// ---------------------------------------------------------------------------
+namespace {
+
+const char* const kQDims[] = {"batch", "seqlen_q", "num_heads_q", "head_dim"};
+const char* const kCacheDims[] = {"batch_cache", "seqlen_cache", "num_heads_kv", "head_dim"};
+const char* const kCacheVDims[] = {"batch_cache", "seqlen_cache", "num_heads_kv", "head_dim_v"};
+const char* const kNewDims[] = {"batch", "seqlen_new", "num_heads_kv", "head_dim"};
+const char* const kNewVDims[] = {"batch", "seqlen_new", "num_heads_kv", "head_dim_v"};
+const char* const kLseDims[] = {"batch", "num_heads_q", "seqlen_q"};
+const char* const kRotaryDims[] = {"seqlen_ro", "rotary_dim / 2"};
+
+// The stride between consecutive rows of dims (d0, d1) read as one dimension
+// of shape[d0] * shape[d1] rows, or -1 when they are not one stride apart.
+int64_t merged_row_stride(const TensorView& t, int d0, int d1) {
+  if (t.shape[d0] <= 1) return t.stride[d1];
+  if (t.shape[d1] <= 1) return t.stride[d0];
+  return t.stride[d0] == t.shape[d1] * t.stride[d1] ? t.stride[d1] : -1;
+}
+
+Status check_rows_merge(const char* name, const TensorView& t, const char* const* dims) {
+  if (merged_row_stride(t, 0, 1) >= 0) return Status::Ok();
+  return Status::Invalid(stride_label(name, dims, 0) + " is " + std::to_string(t.stride[0]) + "; expected " +
+                         std::to_string(t.shape[1] * t.stride[1]) + " = " + dim_label(name, dims, 1) + " x " +
+                         stride_label(name, dims, 1) + " (forward_kvcache reads the " + dims[0] + " x " + dims[1] +
+                         " rows as one dimension)");
+}
+
+Status check_ndim(const char* name, const TensorView& t, int nd, const char* const* dims) {
+  std::string layout_s = "(";
+  for (int i = 0; i < nd; ++i) layout_s += (i ? ", " : "") + std::string(dims[i]);
+  layout_s += ")";
+  if (!t.defined())
+    return Status::Invalid(std::string(name) + " is missing (data is null and ndim is 0); expected a " +
+                           std::to_string(nd) + "-d tensor " + layout_s);
+  if (t.ndim != nd)
+    return Status::Invalid(std::string(name) + ".ndim is " + std::to_string(t.ndim) + "; expected " +
+                           std::to_string(nd) + ": " + layout_s);
+  for (int i = 0; i < nd; ++i) {
+    if (t.shape[i] < 0 || t.shape[i] > kMaxDim)
+      return Status::Invalid(dim_label(name, dims, i) + " is " + std::to_string(t.shape[i]) +
+                             "; expected in [0, 2147483647]");
+  }
+  if (t.data == nullptr && t.numel() > 0)
+    return Status::Invalid(std::string(name) + ".data is null; expected a device pointer (" + name + " has shape " +
+                           shape_str(t) + ")");
+  return Status::Ok();
+}
+
+Status check_dim_is(const char* name, const TensorView& t, const char* const* dims, int i, int64_t want,
+                    const std::string& why) {
+  if (t.shape[i] == want) return Status::Ok();
+  return Status::Invalid(dim_label(name, dims, i) + " is " + std::to_string(t.shape[i]) + "; expected " +
+                         std::to_string(want) + " " + why);
+}
+
+Status check_int_array(const char* name, const int* ptr) {
+  if (reinterpret_cast<uintptr_t>(ptr) % alignof(int32_t) != 0)
+    return Status::Invalid(std::string(name) + " (" + fmt_ptr(ptr) + ") is not 4-byte aligned; expected an int32 array");
+  return Status::Ok();
+}
+
+// The 3-d view of a 4-d attention tensor whose (d0, d1) rows merge.
+TensorView rows_view(const TensorView& t) {
+  TensorView r = t;
+  r.ndim = 3;
+  r.shape[0] = t.shape[0] * t.shape[1];
+  r.stride[0] = r.shape[0] > 1 ? merged_row_stride(t, 0, 1) : t.stride[1];
+  for (int i = 1; i < 3; ++i) {
+    r.shape[i] = t.shape[i + 1];
+    r.stride[i] = t.stride[i + 1];
+  }
+  r.shape[3] = r.stride[3] = 0;
+  return r;
+}
+
+// The attention of a structurally valid call as varlen ForwardArgs (no
+// cu_seqlens; the sequences come from FwdParams' kv_cache fields).
+ForwardArgs kvcache_attention_args(const KVCacheArgs& a) {
+  ForwardArgs f;
+  f.q = rows_view(a.q);
+  f.k = rows_view(a.k_cache);
+  f.v = rows_view(a.v_cache);
+  f.out = rows_view(a.out);
+  if (a.lse.defined()) {
+    TensorView l = a.lse;  // (b, hq, sq) -> (hq, b * sq), rows one stride (1) apart
+    f.lse = l;
+    f.lse.ndim = 2;
+    f.lse.shape[0] = l.shape[1];
+    f.lse.stride[0] = l.stride[1];
+    f.lse.shape[1] = l.shape[0] * l.shape[2];
+    f.lse.stride[1] = 1;
+    f.lse.shape[2] = f.lse.stride[2] = 0;
+  }
+  f.opts = a.opts;
+  f.opts.num_sequences = static_cast<int>(a.q.shape[0]);
+  f.opts.max_seqlen_q = static_cast<int>(std::max<int64_t>(a.q.shape[1], 1));
+  f.opts.max_seqlen_k = static_cast<int>(std::max<int64_t>(a.k_cache.shape[1], 1));
+  f.workspace = a.workspace;
+  f.workspace_bytes = a.workspace_bytes;
+  return f;
+}
+
+}  // namespace
+
+Status check_kvcache_structure(const KVCacheArgs& a) {
+  const AttentionOptions& o = a.opts;
+  if (o.cu_seqlens_q != nullptr || o.cu_seqlens_k != nullptr)
+    return Status::NotSupported("forward_kvcache with opts.cu_seqlens_q / opts.cu_seqlens_k (variable-length q); "
+                                "q is (batch, seqlen_q, heads, head_dim)");
+  if (o.seqused_q != nullptr || o.seqused_k != nullptr)
+    return Status::Invalid("opts.seqused_q / opts.seqused_k are set; forward_kvcache takes the cache fill from "
+                           "cache_seqlens");
+  FLASH3_RETURN_IF_ERROR(check_options(o));
+  const Arg q{"q", &a.q, Role::kQ, false};
+  const Arg kc{"k_cache", &a.k_cache, Role::kK, false};
+  const Arg vc{"v_cache", &a.v_cache, Role::kV, false};
+  const Arg out{"out", &a.out, Role::kO, true};
+  FLASH3_RETURN_IF_ERROR(check_ndim("q", a.q, 4, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("k_cache", a.k_cache, 4, kCacheDims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("v_cache", a.v_cache, 4, kCacheVDims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("out", a.out, 4, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_qdtype(q));
+  for (const Arg* t : {&kc, &vc, &out}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*t, q));
+  const int64_t b = a.q.shape[0], sq = a.q.shape[1], hq = a.q.shape[2], d = a.q.shape[3];
+  const int64_t bc = a.k_cache.shape[0], sc = a.k_cache.shape[1], hkv = a.k_cache.shape[2];
+  const int64_t dv = a.v_cache.shape[3];
+  FLASH3_RETURN_IF_ERROR(check_head_dims(q, kc, vc, out, false));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 0, bc, "to match k_cache"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 1, sc, "to match k_cache"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 2, hkv, "to match k_cache"));
+  if (hq < 1 || hkv < 1 || hq % hkv != 0)
+    return Status::Invalid("q.shape[2] (num_heads_q) is " + std::to_string(hq) + " and k_cache.shape[2] (num_heads_kv) " +
+                           std::to_string(hkv) + "; expected both >= 1 and num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  if (a.cache_batch_idx == nullptr && bc < b)
+    return Status::Invalid("k_cache.shape[0] (batch_cache) is " + std::to_string(bc) + " and q.shape[0] (batch) " +
+                           std::to_string(b) + "; expected batch_cache >= batch when cache_batch_idx is null "
+                           "(sequence b reads cache entry b)");
+  const std::string out_why = "to match (q's batch, seqlen_q, num_heads_q) and v_cache's head_dim_v";
+  for (int i = 0; i < 3; ++i)
+    FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, kQDims, i, a.q.shape[i], out_why));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, kQDims, 3, dv, out_why));
+  for (const Arg* t : {&q, &kc, &vc, &out}) FLASH3_RETURN_IF_ERROR(check_layout(*t, false));
+  FLASH3_RETURN_IF_ERROR(check_rows_merge("q", a.q, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_rows_merge("out", a.out, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_rows_merge("k_cache", a.k_cache, kCacheDims));
+  FLASH3_RETURN_IF_ERROR(check_rows_merge("v_cache", a.v_cache, kCacheVDims));
+
+  // The append and its rotary.
+  const bool has_k = a.k_new.defined(), has_v = a.v_new.defined();
+  if (has_k != has_v)
+    return Status::Invalid(std::string(has_k ? "k_new is set but v_new is not" : "v_new is set but k_new is not") +
+                           "; expected both or neither");
+  const Arg kn{"k_new", &a.k_new, Role::kK, false};
+  const Arg vn{"v_new", &a.v_new, Role::kV, false};
+  if (has_k) {
+    FLASH3_RETURN_IF_ERROR(check_ndim("k_new", a.k_new, 4, kNewDims));
+    FLASH3_RETURN_IF_ERROR(check_ndim("v_new", a.v_new, 4, kNewVDims));
+    FLASH3_RETURN_IF_ERROR(check_same_dtype(kn, q));
+    FLASH3_RETURN_IF_ERROR(check_same_dtype(vn, q));
+    const int64_t sn = a.k_new.shape[1];
+    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 0, b, "to match q.shape[0] (batch)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 2, hkv, "to match k_cache.shape[2] (num_heads_kv)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 3, d, "to match q.shape[3] (head_dim)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 0, b, "to match q.shape[0] (batch)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 1, sn, "to match k_new.shape[1] (seqlen_new)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 2, hkv, "to match k_cache.shape[2] (num_heads_kv)"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 3, dv, "to match v_cache.shape[3] (head_dim_v)"));
+    FLASH3_RETURN_IF_ERROR(check_layout(kn, false));
+    FLASH3_RETURN_IF_ERROR(check_layout(vn, false));
+    if (sn > sc)
+      return Status::Invalid("k_new.shape[1] (seqlen_new) is " + std::to_string(sn) + "; expected <= " +
+                             std::to_string(sc) + " = k_cache.shape[1] (seqlen_cache): the cache is too small "
+                             "for the new rows");
+    if (a.cache_seqlens == nullptr)
+      return Status::Invalid("k_new is set but cache_seqlens is null; expected cache_seqlens (where the new rows go)");
+    // The caches are written: they must not share memory with what is read.
+    FLASH3_RETURN_IF_ERROR(check_written_layout("k_cache", a.k_cache, kCacheDims));
+    FLASH3_RETURN_IF_ERROR(check_written_layout("v_cache", a.v_cache, kCacheVDims));
+    const Arg kcw{"k_cache", &a.k_cache, Role::kK, true};
+    const Arg vcw{"v_cache", &a.v_cache, Role::kV, true};
+    FLASH3_RETURN_IF_ERROR(check_no_alias(kcw, {&q, &kn, &vn, &vcw}));
+    FLASH3_RETURN_IF_ERROR(check_no_alias(vcw, {&q, &kn, &vn}));
+  }
+  const bool has_cos = a.rotary_cos.defined(), has_sin = a.rotary_sin.defined();
+  if (has_cos != has_sin)
+    return Status::Invalid(std::string(has_cos ? "rotary_cos is set but rotary_sin is not" :
+                                                 "rotary_sin is set but rotary_cos is not") +
+                           "; expected both or neither");
+  if (has_cos) {
+    if (!has_k)
+      return Status::Invalid("rotary_cos / rotary_sin are set but k_new is not; expected k_new and v_new (rotary "
+                             "applies to the appended keys and to q)");
+    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"rotary_cos", &a.rotary_cos},
+                                  std::pair<const char*, const TensorView*>{"rotary_sin", &a.rotary_sin}}) {
+      FLASH3_RETURN_IF_ERROR(check_ndim(name, *t, 2, kRotaryDims));
+      if (t->dtype != a.q.dtype)
+        return Status::Invalid(std::string(name) + ".dtype is " + dtype_str(t->dtype) + "; expected " +
+                               dtype_str(a.q.dtype) + " to match q.dtype");
+      FLASH3_RETURN_IF_ERROR(check_strides_nonnegative(name, *t, kRotaryDims));
+      FLASH3_RETURN_IF_ERROR(check_last_contiguous(name, *t, kRotaryDims));
+      FLASH3_RETURN_IF_ERROR(check_aligned(name, *t, dtype_size(t->dtype), ""));
+      FLASH3_RETURN_IF_ERROR(check_span_fits(name, *t));
+    }
+    const int64_t half = a.rotary_cos.shape[1];
+    if (half < 1 || 2 * half > d)
+      return Status::Invalid("rotary_cos.shape[1] (rotary_dim / 2) is " + std::to_string(half) + "; expected in [1, " +
+                             std::to_string(d / 2) + "] (rotary_dim <= q.shape[3], head_dim " + std::to_string(d) + ")");
+    FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 0, a.rotary_cos.shape[0],
+                                        "to match rotary_cos"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 1, half, "to match rotary_cos"));
+    if (a.rotary_cos.shape[0] < sc)
+      return Status::Invalid("rotary_cos.shape[0] (seqlen_ro) is " + std::to_string(a.rotary_cos.shape[0]) +
+                             "; expected >= " + std::to_string(sc) + " = k_cache.shape[1] (seqlen_cache): a position "
+                             "in the cache needs its row of the tables");
+  }
+  if (a.rotary_seqlens != nullptr && !has_cos)
+    return Status::Invalid("rotary_seqlens is set but rotary_cos / rotary_sin are not; expected the rotary tables");
+  if (a.lse.defined()) {
+    const Arg l{"lse", &a.lse, Role::kLse, true};
+    FLASH3_RETURN_IF_ERROR(check_ndim("lse", a.lse, 3, kLseDims));
+    FLASH3_RETURN_IF_ERROR(check_fp32(l));
+    const int64_t want[3] = {b, hq, sq};
+    for (int i = 0; i < 3; ++i)
+      FLASH3_RETURN_IF_ERROR(check_dim_is("lse", a.lse, kLseDims, i, want[i], "to match (q's batch, num_heads_q, seqlen_q)"));
+    FLASH3_RETURN_IF_ERROR(check_strides_nonnegative("lse", a.lse, kLseDims));
+    FLASH3_RETURN_IF_ERROR(check_aligned("lse", a.lse, 4, ""));
+    // The kernels write lse as (hq, b * sq): batch and seqlen_q rows one element apart.
+    TensorView rows = a.lse;
+    rows.stride[1] = rows.stride[2];
+    rows.shape[1] = rows.shape[2];
+    if (b * sq > 1 && merged_row_stride(rows, 0, 1) != 1)
+      return Status::Invalid("lse has strides " + stride_str(a.lse) + "; expected lse.stride[2] (seqlen_q) == 1 and "
+                             "lse.stride[0] (batch) == seqlen_q (" + std::to_string(sq) + "): forward_kvcache writes "
+                             "lse as (num_heads_q, batch * seqlen_q), e.g. a (batch, heads, seqlen_q) view of an "
+                             "(heads, batch, seqlen_q) buffer");
+  }
+  for (const auto& [name, ptr] : {std::pair<const char*, const int*>{"cache_seqlens", a.cache_seqlens},
+                                  {"cache_batch_idx", a.cache_batch_idx},
+                                  {"cache_leftpad", a.cache_leftpad},
+                                  {"rotary_seqlens", a.rotary_seqlens}})
+    FLASH3_RETURN_IF_ERROR(check_int_array(name, ptr));
+  // The attention's views, through the generic checks (sizes, spans, int32
+  // row limits, outputs not aliasing inputs).
+  const ForwardArgs f = kvcache_attention_args(a);
+  const Arg fq{"q", &f.q, Role::kQ, false};
+  const Arg fk{"k_cache", &f.k, Role::kK, false};
+  const Arg fv{"v_cache", &f.v, Role::kV, false};
+  const Arg fo{"out", &f.out, Role::kO, true};
+  const Arg fl{"lse", &f.lse, Role::kLse, true};
+  for (const Arg* t : {&fq, &fk, &fv, &fo}) FLASH3_RETURN_IF_ERROR(check_layout(*t, true));
+  FLASH3_RETURN_IF_ERROR(check_limits(fq, fk, f.opts, true));
+  const Arg* kn_p = has_k ? &kn : &fq;
+  const Arg* vn_p = has_k ? &vn : &fq;
+  FLASH3_RETURN_IF_ERROR(check_no_alias(fo, {&fq, &fk, &fv, kn_p, vn_p}));
+  if (a.lse.defined()) {
+    FLASH3_RETURN_IF_ERROR(check_written_layout("lse", f.lse, dim_names(Role::kLse, true)));
+    FLASH3_RETURN_IF_ERROR(check_no_alias(fl, {&fq, &fk, &fv, &fo, kn_p, vn_p}));
+  }
+  return Status::Ok();
+}
+
+bool kvcache_is_empty(const KVCacheArgs& a) { return a.q.shape[0] == 0; }
+
+Status check_attention_options(const AttentionOptions& opts) { return check_options(opts); }
+
+Status check_kvcache_device(const KVCacheArgs& a) {
+  return check_device_pointers({{"q.data", a.q.data},
+                                {"k_cache.data", a.k_cache.data},
+                                {"v_cache.data", a.v_cache.data},
+                                {"k_new.data", a.k_new.data},
+                                {"v_new.data", a.v_new.data},
+                                {"rotary_cos.data", a.rotary_cos.data},
+                                {"rotary_sin.data", a.rotary_sin.data},
+                                {"out.data", a.out.data},
+                                {"lse.data", a.lse.data},
+                                {"cache_seqlens", a.cache_seqlens},
+                                {"cache_batch_idx", a.cache_batch_idx},
+                                {"cache_leftpad", a.cache_leftpad},
+                                {"rotary_seqlens", a.rotary_seqlens},
+                                {"workspace", a.workspace}});
+}
+
+Status validate_kvcache(const KVCacheArgs& args) {
+  FLASH3_RETURN_IF_ERROR(check_kvcache_structure(args));
+  if (kvcache_is_empty(args)) return Status::Ok();
+  FLASH3_RETURN_IF_ERROR(check_kernel_built(true, args.q.dtype, static_cast<int>(args.q.shape[3]),
+                                            static_cast<int>(args.v_cache.shape[3]), args.opts.softcap));
+  if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_kvcache_device(args));
+  return Status::Ok();
+}
+
+FwdParams make_kvcache_fwd_params(const KVCacheArgs& args) {
+  FwdParams p = lower_forward(kvcache_attention_args(args), true);
+  p.kv_cache = true;
+  p.seqused_k = args.cache_seqlens;
+  p.kv_batch_idx = args.cache_batch_idx;
+  p.leftpad_k = args.cache_leftpad;
+  p.kv_rows_per_batch = static_cast<int>(args.k_cache.shape[1]);
+  p.seqlen_k_new = args.k_new.defined() ? static_cast<int>(args.k_new.shape[1]) : 0;
+  return p;
+}
+
+AppendKVParams make_append_params(const KVCacheArgs& a) {
+  AppendKVParams p;
+  p.dtype = a.q.dtype;
+  p.batch = static_cast<int>(a.q.shape[0]);
+  p.heads_kv = static_cast<int>(a.k_cache.shape[2]);
+  p.head_dim = static_cast<int>(a.q.shape[3]);
+  p.head_dim_v = static_cast<int>(a.v_cache.shape[3]);
+  p.k_cache = a.k_cache.data;
+  p.v_cache = a.v_cache.data;
+  p.kc_batch_stride = lowered_stride(a.k_cache, 0);
+  p.kc_row_stride = lowered_stride(a.k_cache, 1);
+  p.kc_head_stride = lowered_stride(a.k_cache, 2);
+  p.vc_batch_stride = lowered_stride(a.v_cache, 0);
+  p.vc_row_stride = lowered_stride(a.v_cache, 1);
+  p.vc_head_stride = lowered_stride(a.v_cache, 2);
+  p.cache_batches = static_cast<int>(a.k_cache.shape[0]);
+  p.cache_rows = static_cast<int>(a.k_cache.shape[1]);
+  p.cache_seqlens = a.cache_seqlens;
+  p.cache_batch_idx = a.cache_batch_idx;
+  if (a.k_new.defined()) {
+    p.seqlen_new = static_cast<int>(a.k_new.shape[1]);
+    p.k_new = a.k_new.data;
+    p.v_new = a.v_new.data;
+    p.kn_batch_stride = lowered_stride(a.k_new, 0);
+    p.kn_row_stride = lowered_stride(a.k_new, 1);
+    p.kn_head_stride = lowered_stride(a.k_new, 2);
+    p.vn_batch_stride = lowered_stride(a.v_new, 0);
+    p.vn_row_stride = lowered_stride(a.v_new, 1);
+    p.vn_head_stride = lowered_stride(a.v_new, 2);
+  }
+  if (a.rotary_cos.defined()) {
+    p.rotary_dim = static_cast<int>(2 * a.rotary_cos.shape[1]);
+    p.rotary_interleaved = a.rotary_interleaved;
+    p.rotary_cos = a.rotary_cos.data;
+    p.rotary_sin = a.rotary_sin.data;
+    p.cos_row_stride = a.rotary_cos.shape[0] > 1 ? a.rotary_cos.stride[0] : 0;
+    p.sin_row_stride = a.rotary_sin.shape[0] > 1 ? a.rotary_sin.stride[0] : 0;
+    p.seqlen_ro = static_cast<int>(a.rotary_cos.shape[0]);
+    p.rotary_seqlens = a.rotary_seqlens;
+    p.q = a.q.data;
+    p.seqlen_q = static_cast<int>(a.q.shape[1]);
+    p.heads_q = static_cast<int>(a.q.shape[2]);
+    p.q_batch_stride = lowered_stride(a.q, 0);
+    p.q_row_stride = lowered_stride(a.q, 1);
+    p.q_head_stride = lowered_stride(a.q, 2);
+    // q_out: the caller's buffer, contiguous (b, sq, hq, d); set by forward_kvcache.
+    p.qo_head_stride = p.head_dim;
+    p.qo_row_stride = int64_t(p.heads_q) * p.head_dim;
+    p.qo_batch_stride = int64_t(p.seqlen_q) * p.qo_row_stride;
+    FwdParams m;
+    apply_mask_options(a.opts, std::max(p.seqlen_q, 1), std::max(p.cache_rows, 1), &m);
+    p.q_positions_advance = m.is_causal || m.is_local;
   }
   return p;
 }

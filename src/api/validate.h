@@ -18,12 +18,16 @@
 
 #include "combine/combine.h"
 #include "common/params.h"
+#include "kvcache/append_kv.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
 
 // True when FLASH3_SKIP_DEVICE_CHECK=1 (read on every call).
 bool device_check_skipped();
+
+// The options' checks of step 1 (shared by every entry point).
+Status check_attention_options(const AttentionOptions& opts);
 
 // Step 1 only.
 Status check_forward_structure(const ForwardArgs& args);
@@ -67,6 +71,18 @@ bool combine_is_empty(const CombineArgs& args);
 Status check_combine_device(const CombineArgs& args);
 // Lowering of validated combine arguments (fixed length: seqs null).
 CombineParams make_combine_params(const CombineArgs& args);
+
+// KV cache (forward_kvcache), in the same order: step 1 (structure, with the
+// attention's varlen views through the same checks as forward()), step 2
+// (batch 0: nothing to do), step 3 (kernel built), step 4 (pointers, sm_90).
+Status check_kvcache_structure(const KVCacheArgs& args);
+bool kvcache_is_empty(const KVCacheArgs& args);
+Status check_kvcache_device(const KVCacheArgs& args);
+// Lowering of validated KV-cache arguments: the attention's params (a varlen
+// problem with FwdParams::kv_cache set; workspace unset) and the append
+// kernel's (q_out unset: the rotated q's buffer is the caller's choice).
+FwdParams make_kvcache_fwd_params(const KVCacheArgs& args);
+AppendKVParams make_append_params(const KVCacheArgs& args);
 
 // The stream must belong to the current device (the legacy and per-thread
 // default streams always do).

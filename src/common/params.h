@@ -50,6 +50,17 @@ struct FwdParams {
   const int* seqused_q = nullptr;  // optional
   const int* seqused_k = nullptr;  // optional
   int max_seqlen_q = 0, max_seqlen_k = 0;
+  // KV cache (forward_kvcache; varlen with cu_seqlens_q / cu_seqlens_k null,
+  // common/varlen.h's VarlenSeqs): every sequence has max_seqlen_q query rows
+  // (q / out / lse rows b * max_seqlen_q + i); k / v are cache entries of
+  // kv_rows_per_batch rows (seqlen_k = all of them), sequence b reading entry
+  // kv_batch_idx[b] from row leftpad_k[b] to seqused_k[b] (cache_seqlens) +
+  // seqlen_k_new (the rows the append kernel wrote first).
+  bool kv_cache = false;
+  const int* kv_batch_idx = nullptr;
+  const int* leftpad_k = nullptr;
+  int kv_rows_per_batch = 0;
+  int seqlen_k_new = 0;
 
   // Mask, normalised: causal is local with (left=-1 -> unbounded, right=0).
   bool is_causal = false;

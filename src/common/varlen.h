@@ -25,16 +25,27 @@ struct VarlenTensor {
 };
 
 // The batch's sequence boundaries (device arrays; seqused may be null).
+// A null cu_seqlens_q / cu_seqlens_k is the KV-cache layout (forward_kvcache):
+// q rows [b * fixed_seqlen_q, + fixed_seqlen_q); K / V in cache entries of
+// k_rows_per_batch rows, sequence b reading entry k_batch_idx[b] (b when
+// null) from row k_leftpad[b] (0) to seqused_k[b] (the cache fill; the whole
+// entry when null) + k_new (the rows appended by this call).
 struct VarlenSeqs {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   const int* seqused_q;
   const int* seqused_k;
   int num_seqs, total_q, total_k;
+  int fixed_seqlen_q = 0;
+  int k_rows_per_batch = 0;
+  const int* k_batch_idx = nullptr;
+  const int* k_leftpad = nullptr;
+  int k_new = 0;
 };
 
 // Sequence b's rows, clamped: offsets into [0, total], a decreasing pair gives
-// length 0, seqused into [0, allocated length].
+// length 0, seqused into [0, allocated length]; KV cache: the entry index
+// into the cache, the leftpad and the fill into [0, k_rows_per_batch].
 CUTLASS_DEVICE SeqlenInfo varlen_seq_info(VarlenSeqs const& a, int b) {
   auto span = [](const int* cu, const int* used, int b, int total, int* offset, int* len) {
     const int lo = min(max(cu[b], 0), total);
@@ -43,8 +54,25 @@ CUTLASS_DEVICE SeqlenInfo varlen_seq_info(VarlenSeqs const& a, int b) {
     *len = used != nullptr ? min(max(used[b], 0), hi - lo) : hi - lo;
   };
   SeqlenInfo s;
-  span(a.cu_seqlens_q, a.seqused_q, b, a.total_q, &s.offset_q, &s.seqlen_q);
-  span(a.cu_seqlens_k, a.seqused_k, b, a.total_k, &s.offset_k, &s.seqlen_k);
+  if (a.cu_seqlens_q != nullptr) {
+    span(a.cu_seqlens_q, a.seqused_q, b, a.total_q, &s.offset_q, &s.seqlen_q);
+  } else {
+    s.offset_q = b * a.fixed_seqlen_q;
+    s.seqlen_q = a.fixed_seqlen_q;
+  }
+  if (a.cu_seqlens_k != nullptr) {
+    span(a.cu_seqlens_k, a.seqused_k, b, a.total_k, &s.offset_k, &s.seqlen_k);
+  } else {
+    const int rows = a.k_rows_per_batch;
+    const int entries = rows > 0 ? a.total_k / rows : 0;
+    const int entry = a.k_batch_idx != nullptr ? min(max(a.k_batch_idx[b], 0), max(entries - 1, 0)) : b;
+    const int lo = a.k_leftpad != nullptr ? min(max(a.k_leftpad[b], 0), rows) : 0;
+    // (int64: a fill near INT32_MAX plus the appended rows must not wrap.)
+    const int64_t fill = a.seqused_k != nullptr ? int64_t(max(a.seqused_k[b], 0)) + a.k_new : int64_t(rows);
+    const int hi = int(min(max(fill, int64_t(lo)), int64_t(rows)));
+    s.offset_k = entry * rows + lo;
+    s.seqlen_k = hi - lo;
+  }
   return s;
 }
 

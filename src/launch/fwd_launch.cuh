@@ -203,7 +203,15 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
 }
 
 inline VarlenSeqs varlen_seqs_of(const FwdParams& p) {
-  return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.batch, p.seqlen_q, p.seqlen_k};
+  VarlenSeqs s{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.batch, p.seqlen_q, p.seqlen_k};
+  if (p.kv_cache) {
+    s.fixed_seqlen_q = p.max_seqlen_q;
+    s.k_rows_per_batch = p.kv_rows_per_batch;
+    s.k_batch_idx = p.kv_batch_idx;
+    s.k_leftpad = p.leftpad_k;
+    s.k_new = p.seqlen_k_new;
+  }
+  return s;
 }
 
 // One prep thread per tensor map (at least one CTA: CTA 0 writes the tile map).

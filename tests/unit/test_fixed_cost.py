@@ -69,6 +69,8 @@ class Modes(unittest.TestCase):
         self.assertEqual((a.seqlens, a.causal), ("1,8", "both"))
         _, a = bench.parse_args(["--split-kv"])
         self.assertEqual((a.mode, a.hdims, a.seqlens, a.causal), ("split_kv", "128", "1", "off"))
+        _, a = bench.parse_args(["--kvcache"])
+        self.assertEqual((a.mode, a.hdims, a.seqlens, a.causal, a.rounds), ("kvcache", "128", "1", "off", 2))
         _, a = bench.parse_args([])
         self.assertEqual(a.causal, "both")
 
@@ -94,6 +96,19 @@ class Modes(unittest.TestCase):
             bench.parse_args(["--pack-gqa", "--varlen"])
         with self.assertRaises(SystemExit):
             bench.parse_args(["--pack-gqa", "--split-kv"])
+        with self.assertRaises(SystemExit):
+            bench.parse_args(["--kvcache", "--split-kv"])
+
+    def test_kvcache_args_layout(self):
+        # flash3_kvcache_args (flash3_c.h): struct_size, rotary_interleaved, nine tensor
+        # pointers, four int32 array pointers.
+        import ctypes
+        f = [n for n, _ in bench.F3KVCacheArgs._fields_]
+        self.assertEqual(f[:2], ["struct_size", "rotary_interleaved"])
+        self.assertEqual(f[2:11], ["q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "out",
+                                   "lse"])
+        self.assertEqual(f[11:], ["cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens"])
+        self.assertEqual(ctypes.sizeof(bench.F3KVCacheArgs), 8 + 13 * ctypes.sizeof(ctypes.c_void_p))
 
 
 class CsvRoundTrip(unittest.TestCase):

@@ -1,0 +1,211 @@
+// CPU tests of forward_kvcache's host layer: check_kvcache_structure() (every
+// bad argument rejected with a message naming it), the lowering to the varlen
+// attention params and the append params, forward_plan(), and the C ABI's
+// flash3_kvcache_args. Fake, aligned device addresses; nothing is launched.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "api/validate.h"
+#include "flash3/flash3.h"
+#include "flash3/flash3_c.h"
+
+namespace {
+
+using flash3::DType;
+using flash3::KVCacheArgs;
+using flash3::Status;
+using flash3::StatusCode;
+using flash3::TensorView;
+
+void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
+const int* fake_int(uintptr_t addr) { return reinterpret_cast<const int*>(addr); }
+
+::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<std::string> subs) {
+  if (s.code != code)
+    return ::testing::AssertionFailure() << "status code " << int(s.code) << " (expected " << int(code)
+                                         << "), message: \"" << s.message << "\"";
+  for (const std::string& sub : subs)
+    if (s.message.find(sub) == std::string::npos)
+      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult IsOk(const Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "status code " << int(s.code) << ": \"" << s.message << "\"";
+}
+
+TensorView t4(uintptr_t p, int64_t a, int64_t b, int64_t c, int64_t d, DType dt = DType::kBFloat16) {
+  return TensorView::make4d(fake(p), dt, a, b, c, d, b * c * d, c * d, d, 1);
+}
+
+// b 2, sq 3, hq 8, hkv 2, d 128; cache 4 x 256 rows; 5 new rows; rotary dim 64.
+KVCacheArgs make_args() {
+  KVCacheArgs a;
+  a.q = t4(0x100000, 2, 3, 8, 128);
+  a.k_cache = t4(0x1000000, 4, 256, 2, 128);
+  a.v_cache = t4(0x2000000, 4, 256, 2, 128);
+  a.k_new = t4(0x3000000, 2, 5, 2, 128);
+  a.v_new = t4(0x3100000, 2, 5, 2, 128);
+  const int64_t sh[2] = {256, 32};
+  a.rotary_cos = TensorView::contiguous(fake(0x3200000), DType::kBFloat16, 2, sh);
+  a.rotary_sin = TensorView::contiguous(fake(0x3300000), DType::kBFloat16, 2, sh);
+  a.out = t4(0x4000000, 2, 3, 8, 128);
+  a.lse = TensorView::make4d(fake(0x5000000), DType::kFloat32, 2, 8, 3, 1, 3, 6, 1, 1);  // (hq, b, sq) buffer
+  a.lse.ndim = 3;
+  a.cache_seqlens = fake_int(0x6000000);
+  a.cache_batch_idx = fake_int(0x6000100);
+  a.cache_leftpad = fake_int(0x6000200);
+  return a;
+}
+
+TEST(KVCacheValidation, ValidArgsPass) { EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(make_args()))); }
+
+TEST(KVCacheValidation, Rejections) {
+  struct Case {
+    const char* what;
+    void (*edit)(KVCacheArgs&);
+    StatusCode code;
+    std::initializer_list<std::string> subs;
+  };
+  const Case cases[] = {
+      {"k_new without v_new", [](KVCacheArgs& a) { a.v_new = TensorView{}; }, StatusCode::kInvalidArgument,
+       {"k_new is set but v_new is not"}},
+      {"append without cache_seqlens", [](KVCacheArgs& a) { a.cache_seqlens = nullptr; }, StatusCode::kInvalidArgument,
+       {"cache_seqlens"}},
+      {"new rows past the cache", [](KVCacheArgs& a) {
+         a.k_new.shape[1] = a.v_new.shape[1] = 300;
+       }, StatusCode::kInvalidArgument, {"k_new.shape[1] (seqlen_new)", "too small"}},
+      {"k_new batch", [](KVCacheArgs& a) { a.k_new.shape[0] = 3; }, StatusCode::kInvalidArgument, {"k_new.shape[0]"}},
+      {"v_new head dim", [](KVCacheArgs& a) { a.v_new.shape[3] = 64; }, StatusCode::kInvalidArgument,
+       {"v_new.shape[3] (head_dim_v)"}},
+      {"rotary without append", [](KVCacheArgs& a) {
+         a.k_new = a.v_new = TensorView{};
+       }, StatusCode::kInvalidArgument, {"rotary_cos / rotary_sin are set but k_new is not"}},
+      {"cos without sin", [](KVCacheArgs& a) { a.rotary_sin = TensorView{}; }, StatusCode::kInvalidArgument,
+       {"rotary_cos is set but rotary_sin is not"}},
+      {"rotary dim past head dim", [](KVCacheArgs& a) {
+         a.rotary_cos.shape[1] = a.rotary_sin.shape[1] = 65;
+         a.rotary_cos.stride[0] = a.rotary_sin.stride[0] = 65;
+       }, StatusCode::kInvalidArgument, {"rotary_cos.shape[1] (rotary_dim / 2)"}},
+      {"rotary table too short", [](KVCacheArgs& a) { a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 100; },
+       StatusCode::kInvalidArgument, {"rotary_cos.shape[0] (seqlen_ro)", "seqlen_cache"}},
+      {"rotary dtype", [](KVCacheArgs& a) { a.rotary_sin.dtype = DType::kFloat32; }, StatusCode::kInvalidArgument,
+       {"rotary_sin.dtype"}},
+      {"rotary_seqlens without tables", [](KVCacheArgs& a) {
+         a.rotary_cos = a.rotary_sin = TensorView{};
+         a.rotary_seqlens = fake_int(0x6000300);
+       }, StatusCode::kInvalidArgument, {"rotary_seqlens"}},
+      {"lse layout", [](KVCacheArgs& a) {
+         a.lse = TensorView::make4d(fake(0x5000000), DType::kFloat32, 2, 8, 3, 1, 24, 3, 1, 1);
+         a.lse.ndim = 3;
+       }, StatusCode::kInvalidArgument, {"lse has strides", "num_heads_q, batch * seqlen_q"}},
+      {"q rows not one stride apart", [](KVCacheArgs& a) { a.q.stride[0] = 4 * 8 * 128; },
+       StatusCode::kInvalidArgument, {"q.stride[0] (batch)"}},
+      {"cache rows not one stride apart", [](KVCacheArgs& a) { a.k_cache.stride[0] = 300 * 2 * 128; },
+       StatusCode::kInvalidArgument, {"k_cache.stride[0] (batch_cache)"}},
+      {"cache batch too small", [](KVCacheArgs& a) {
+         a.cache_batch_idx = nullptr;
+         a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
+       }, StatusCode::kInvalidArgument, {"k_cache.shape[0] (batch_cache)"}},
+      {"v_cache rows", [](KVCacheArgs& a) { a.v_cache.shape[1] = 128; }, StatusCode::kInvalidArgument,
+       {"v_cache.shape[1] (seqlen_cache)"}},
+      {"heads", [](KVCacheArgs& a) { a.q.shape[2] = a.out.shape[2] = 7; }, StatusCode::kInvalidArgument,
+       {"num_heads_q % num_heads_kv"}},
+      {"dtype", [](KVCacheArgs& a) { a.k_cache.dtype = DType::kFloat16; }, StatusCode::kInvalidArgument,
+       {"k_cache.dtype"}},
+      {"out shape", [](KVCacheArgs& a) { a.out.shape[1] = 4; }, StatusCode::kInvalidArgument, {"out.shape[1]"}},
+      {"unaligned cache_seqlens", [](KVCacheArgs& a) { a.cache_seqlens = fake_int(0x6000002); },
+       StatusCode::kInvalidArgument, {"cache_seqlens", "4-byte aligned"}},
+      {"varlen q", [](KVCacheArgs& a) {
+         a.opts.cu_seqlens_q = a.opts.cu_seqlens_k = fake_int(0x7000000);
+         a.opts.max_seqlen_q = a.opts.max_seqlen_k = 3;
+         a.opts.num_sequences = 2;
+       }, StatusCode::kNotSupported, {"cu_seqlens_q"}},
+      {"seqused_k", [](KVCacheArgs& a) { a.opts.seqused_k = fake_int(0x7000000); }, StatusCode::kInvalidArgument,
+       {"seqused_k", "cache_seqlens"}},
+      {"num_splits", [](KVCacheArgs& a) { a.opts.num_splits = 300; }, StatusCode::kInvalidArgument,
+       {"opts.num_splits"}},
+      {"out aliases the cache", [](KVCacheArgs& a) { a.out.data = a.k_cache.data; }, StatusCode::kInvalidArgument,
+       {"out", "overlaps"}},
+      {"cache written while aliasing k_new", [](KVCacheArgs& a) { a.k_new.data = fake(0x1000000 + 256); },
+       StatusCode::kInvalidArgument, {"k_cache", "overlaps"}},
+  };
+  for (const Case& c : cases) {
+    KVCacheArgs a = make_args();
+    c.edit(a);
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), c.code, c.subs)) << c.what;
+  }
+}
+
+// The attention runs as varlen rows: q (b * sq, hq, d), cache rows (b_cache
+// * s_cache), lse (hq, b * sq); the cache fields come through.
+TEST(KVCacheValidation, Lowering) {
+  const KVCacheArgs a = make_args();
+  const flash3::FwdParams p = flash3::make_kvcache_fwd_params(a);
+  EXPECT_TRUE(p.varlen);
+  EXPECT_TRUE(p.kv_cache);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.seqlen_q, 6);
+  EXPECT_EQ(p.seqlen_k, 4 * 256);
+  EXPECT_EQ(p.max_seqlen_q, 3);
+  EXPECT_EQ(p.max_seqlen_k, 256);
+  EXPECT_EQ(p.kv_rows_per_batch, 256);
+  EXPECT_EQ(p.seqlen_k_new, 5);
+  EXPECT_EQ(p.q_row_stride, 8 * 128);
+  EXPECT_EQ(p.k_row_stride, 2 * 128);
+  EXPECT_EQ(p.lse_head_stride, 6);
+  EXPECT_EQ(p.seqused_k, a.cache_seqlens);
+  EXPECT_EQ(p.kv_batch_idx, a.cache_batch_idx);
+  EXPECT_EQ(p.leftpad_k, a.cache_leftpad);
+  const flash3::AppendKVParams ap = flash3::make_append_params(a);
+  EXPECT_EQ(ap.seqlen_new, 5);
+  EXPECT_EQ(ap.rotary_dim, 64);
+  EXPECT_EQ(ap.seqlen_ro, 256);
+  EXPECT_EQ(ap.cache_rows, 256);
+  EXPECT_EQ(ap.cache_batches, 4);
+  EXPECT_EQ(ap.kc_batch_stride, 256 * 2 * 128);
+  EXPECT_FALSE(ap.q_positions_advance);
+  KVCacheArgs causal = make_args();
+  causal.opts.causal = true;
+  EXPECT_TRUE(flash3::make_append_params(causal).q_positions_advance);
+  // sq == 1: q's batch stride is its row stride, whatever the seqlen stride says.
+  KVCacheArgs decode = make_args();
+  decode.q = TensorView::make4d(fake(0x100000), DType::kBFloat16, 2, 1, 8, 128, 4096, 7, 128, 1);
+  decode.out = t4(0x4000000, 2, 1, 8, 128);
+  decode.lse = TensorView{};
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(decode)));
+  EXPECT_EQ(flash3::make_kvcache_fwd_params(decode).q_row_stride, 4096);
+}
+
+TEST(KVCacheValidation, PlanRejectsBadShapes) {
+  flash3::ForwardPlan plan;
+  flash3::AttentionOptions o;
+  EXPECT_TRUE(IsError(flash3::forward_plan(DType::kBFloat16, 2, 1, 100, 8, 3, 128, 128, o, &plan),
+                      StatusCode::kInvalidArgument, {"heads_q"}));
+  EXPECT_TRUE(IsError(flash3::forward_plan(DType::kFloat32, 2, 1, 100, 8, 2, 128, 128, o, &plan),
+                      StatusCode::kInvalidArgument, {"dtype"}));
+  o.num_splits = -1;
+  EXPECT_TRUE(IsError(flash3::forward_plan(DType::kBFloat16, 2, 1, 100, 8, 2, 128, 128, o, &plan),
+                      StatusCode::kInvalidArgument, {"opts.num_splits"}));
+  // num_splits 1 never splits, whatever is built.
+  o.num_splits = 1;
+  ASSERT_TRUE(IsOk(flash3::forward_plan(DType::kBFloat16, 2, 1, 100, 8, 2, 128, 128, o, &plan)));
+  EXPECT_EQ(plan.num_splits, 1);
+}
+
+TEST(KVCacheValidation, CAbiStructSize) {
+  flash3_kvcache_args c = flash3_default_kvcache_args();
+  EXPECT_EQ(c.struct_size, sizeof(flash3_kvcache_args));
+  EXPECT_EQ(c.rotary_interleaved, 1);
+  c.struct_size = 8;
+  EXPECT_NE(flash3_forward_kvcache(&c, nullptr, nullptr, 0, nullptr), FLASH3_OK);
+  EXPECT_NE(std::string(flash3_last_error()).find("struct_size"), std::string::npos);
+  EXPECT_NE(flash3_forward_kvcache(nullptr, nullptr, nullptr, 0, nullptr), FLASH3_OK);
+  EXPECT_EQ(flash3_kvcache_workspace_size(nullptr, nullptr), 0u);
+}
+
+}  // namespace
