@@ -18,8 +18,12 @@
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
 #include "skip_device_check.h"
+#include "status_matchers.h"
 
 namespace {
+
+using flash3::unittest::IsError;
+using flash3::unittest::IsOk;
 
 using flash3::CombineArgs;
 using flash3::DType;
@@ -28,21 +32,6 @@ using flash3::StatusCode;
 using flash3::TensorView;
 
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
-
-::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<std::string> subs) {
-  if (s.code != code)
-    return ::testing::AssertionFailure() << "status code " << int(s.code) << " (expected " << int(code)
-                                         << "), message: \"" << s.message << "\"";
-  for (const std::string& sub : subs)
-    if (s.message.find(sub) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult IsOk(const Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "status code " << int(s.code) << ": \"" << s.message << "\"";
-}
 
 struct Dims {
   int64_t splits = 3, b = 2, s = 5, h = 4, d = 64;

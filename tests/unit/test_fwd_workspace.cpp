@@ -21,8 +21,11 @@
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
 #include "launch/dispatch.h"  // kFwdTileCounterBytes, fwd_pack_kernel_built
+#include "status_matchers.h"
 
 namespace {
+
+using flash3::unittest::IsError;
 
 using flash3::DType;
 using flash3::ForwardArgs;
@@ -30,18 +33,7 @@ using flash3::Status;
 using flash3::StatusCode;
 using flash3::TensorView;
 
-
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
-
-::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<const char*> subs) {
-  if (s.code != code)
-    return ::testing::AssertionFailure() << "status code " << static_cast<int>(s.code) << " (expected "
-                                         << static_cast<int>(code) << "), message: \"" << s.message << "\"";
-  for (const char* sub : subs)
-    if (s.message.find(sub) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
-  return ::testing::AssertionSuccess();
-}
 
 struct Dims {
   int64_t b = 2, sq = 1024, sk = 1024, hq = 8, hkv = 8, d = 128, dv = 128;

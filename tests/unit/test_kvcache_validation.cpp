@@ -11,8 +11,12 @@
 #include "api/validate.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
+#include "status_matchers.h"
 
 namespace {
+
+using flash3::unittest::IsError;
+using flash3::unittest::IsOk;
 
 using flash3::DType;
 using flash3::KVCacheArgs;
@@ -22,21 +26,6 @@ using flash3::TensorView;
 
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 const int* fake_int(uintptr_t addr) { return reinterpret_cast<const int*>(addr); }
-
-::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<std::string> subs) {
-  if (s.code != code)
-    return ::testing::AssertionFailure() << "status code " << int(s.code) << " (expected " << int(code)
-                                         << "), message: \"" << s.message << "\"";
-  for (const std::string& sub : subs)
-    if (s.message.find(sub) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult IsOk(const Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "status code " << int(s.code) << ": \"" << s.message << "\"";
-}
 
 TensorView t4(uintptr_t p, int64_t a, int64_t b, int64_t c, int64_t d, DType dt = DType::kBFloat16) {
   return TensorView::make4d(fake(p), dt, a, b, c, d, b * c * d, c * d, d, 1);

@@ -21,8 +21,13 @@
 #include "common/params.h"
 #include "flash3/flash3.h"
 #include "launch/dispatch.h"
+#include "status_matchers.h"
 
 namespace {
+
+using flash3::unittest::IsError;
+using flash3::unittest::IsOk;
+using flash3::unittest::code_name;
 
 using flash3::BackwardArgs;
 using flash3::DType;
@@ -36,32 +41,7 @@ constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
 
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 
-const char* code_name(StatusCode c) {
-  switch (c) {
-    case StatusCode::kOk: return "Ok";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotSupported: return "NotSupported";
-    case StatusCode::kCudaError: return "CudaError";
-    case StatusCode::kInternal: return "Internal";
-  }
-  return "?";
-}
-
 // Status has `code` and every substring of `subs` appears in its message.
-::testing::AssertionResult IsError(const Status& s, StatusCode code, std::initializer_list<const char*> subs) {
-  if (s.code != code)
-    return ::testing::AssertionFailure() << "status is " << code_name(s.code) << " (expected " << code_name(code)
-                                         << "), message: \"" << s.message << "\"";
-  for (const char* sub : subs)
-    if (s.message.find(sub) == std::string::npos)
-      return ::testing::AssertionFailure() << "message \"" << s.message << "\" does not contain \"" << sub << "\"";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult IsOk(const Status& s) {
-  if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "status is " << code_name(s.code) << ": \"" << s.message << "\"";
-}
 
 // Saves and restores one environment variable.
 class EnvVar {
