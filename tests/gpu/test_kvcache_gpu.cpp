@@ -282,6 +282,7 @@ bool built(DType t, HeadDims h) { return flash3::forward_is_built(t, h.d, h.dv);
 
 // The matrix, sampled: every value of every axis appears, combined at random.
 TEST(KVCacheGpu, SampledMatrix) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
   std::mt19937_64 rng(20261202);
   int ran = 0;
   for (int n = 0; n < 160; ++n) {
@@ -324,6 +325,7 @@ TEST(KVCacheGpu, SampledMatrix) {
 // by the leftpad, the split count larger than the KV blocks, causal with
 // more queries than keys (rows that see nothing: out 0, lse -inf).
 TEST(KVCacheGpu, Corners) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
   int ran = 0;
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     if (!built(t, {128, 128})) continue;
@@ -357,6 +359,7 @@ TEST(KVCacheGpu, Corners) {
 // The same call captured in a CUDA graph and replayed gives the same result
 // (no host work depends on device data).
 TEST(KVCacheGpu, GraphReplayMatchesDirect) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
   if (!built(DType::kBFloat16, {128, 128})) GTEST_SKIP() << "not built: bf16 d = 128";
   const int b = 2, sq = 1, hq = 16, hkv = 2, d = 128, sc = 512;
   std::mt19937_64 rng(7);
