@@ -57,8 +57,9 @@ Modes:
                    element 0 (--no-check: not).
   --kvcache        the KV-cache decode step on the --split-kv rows: flash3_forward_kvcache on a full
                    cache (cache), with its last row appended by the call (append), and with rotary
-                   on that row and q (rope), next to flash3_forward (split) and cuDNN, num_splits 0,
-                   CUDA-graph replay; cuDNN time / append time.
+                   on that row and q (rope), the append on paged copies of the cache (paged256,
+                   paged64: page_table, pages in a random order), next to flash3_forward (split)
+                   and cuDNN, num_splits 0, CUDA-graph replay; cuDNN time / append time.
   --from-csv CSV   no GPU: re-print the table of a CSV written by --csv (and --plot it).
 
 Usage:
@@ -174,7 +175,9 @@ class F3KVCacheArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("rotary_interleaved", ctypes.c_int32)] + [
         (n, ctypes.POINTER(F3Tensor)) for n in ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
                                                 "rotary_sin", "out", "lse")] + [
-        (n, ctypes.c_void_p) for n in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens")]
+        (n, ctypes.c_void_p) for n in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens")] + [
+        ("page_table", ctypes.c_void_p), ("page_table_batch_stride", ctypes.c_int64),
+        ("page_table_max_pages", ctypes.c_int32)]
 
 
 class Flash3Lib:
@@ -318,10 +321,12 @@ class KVCacheCall:
     sequence full (cache_seqlens = sk). append: the last cache row comes in as k_new / v_new
     (one row per sequence, cache_seqlens = sk - 1; the same values, so the result is plain
     attention over k / v); rope: that row and q also rotated (the result then differs: not
-    checked; it writes into a copy of k / v). The workspace is allocated once; .status is the
-    first call's, .out the output."""
+    checked; it writes into a copy of k / v); page_size > 0: the cache as a pool of pages of
+    that many rows (a copy of k / v; -1: one page of seqlen_k rows), sequence b's pages in a random order
+    (page_table). The
+    workspace is allocated once; .status is the first call's, .out the output."""
 
-    def __init__(self, torch, lib, q, k, v, opts, stream, append=False, rope=False):
+    def __init__(self, torch, lib, q, k, v, opts, stream, append=False, rope=False, page_size=0):
         P = ctypes.byref
         dt = FLASH3_BF16 if q.dtype == torch.bfloat16 else FLASH3_FP16
         b, sq, hq, d = q.shape
@@ -335,6 +340,19 @@ class KVCacheCall:
         keep = dict(q=q, k_cache=k, v_cache=v, out=self.out)
         if append:
             keep.update(k_new=k[:, sk - 1:].clone(), v_new=v[:, sk - 1:].clone())
+        self.page_table = None
+        page_size = sk if page_size < 0 else page_size
+        if page_size:
+            assert sk % page_size == 0, "bench: seqlen_k must be a multiple of the page size"
+            n = sk // page_size
+            perm = torch.randperm(b * n, device=q.device)
+            self.page_table = perm.to(torch.int32).view(b, n)
+
+            def pool(x):
+                p = torch.empty((b * n, page_size) + tuple(x.shape[2:]), device=x.device, dtype=x.dtype)
+                p[perm] = x.reshape(b * n, page_size, *x.shape[2:])
+                return p
+            keep.update(k_cache=pool(k), v_cache=pool(v))
         if rope:
             pos = torch.arange(sk, device=q.device, dtype=torch.float32)[:, None]
             inv = 10000.0 ** (-torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d)
@@ -347,6 +365,10 @@ class KVCacheCall:
             setattr(a, n, ctypes.pointer(t))
         a.lse = ctypes.pointer(self._tl)
         a.cache_seqlens = self.seqlens.data_ptr()
+        if self.page_table is not None:
+            a.page_table = self.page_table.data_ptr()
+            a.page_table_batch_stride = self.page_table.stride(0)
+            a.page_table_max_pages = self.page_table.shape[1]
         self.args, self.opts = a, opts
         st = stream if isinstance(stream, ctypes.c_void_p) else ctypes.c_void_p(stream)
         ws = int(lib.lib.flash3_kvcache_workspace_size(P(a), P(opts)))
@@ -1402,10 +1424,12 @@ def decode_call(torch, lib, q, k, v, scale, causal, contender, stream):
     else KVCacheCall's mode: cache / append / rope)."""
     o = dict(contender)
     kv = o.pop("kvcache", None)
+    page_size = o.pop("page_size", 0)
     opts = lib.options(scale, causal, **o)
     if kv is None:
         return Flash3Call(torch, lib, q, k, v, q, opts, stream)  # dout = q: the backward is never called
-    return KVCacheCall(torch, lib, q, k, v, opts, stream, append=kv != "cache", rope=kv == "rope")
+    return KVCacheCall(torch, lib, q, k, v, opts, stream, append=kv != "cache", rope=kv == "rope",
+                       page_size=page_size)
 
 
 def run_kvcache(args, torch, F, sdpa_ctx, dtype):
@@ -1419,12 +1443,17 @@ def run_kvcache(args, torch, F, sdpa_ctx, dtype):
     return run_decode_rows(
         args, torch, F, sdpa_ctx, dtype, lib, SPLIT_KV_HEADS, SPLIT_KV_SHAPES,
         {"split": dict(num_splits=0), "cache": dict(num_splits=0, kvcache="cache"),
-         "append": dict(num_splits=0, kvcache="append"), "rope": dict(num_splits=0, kvcache="rope")},
+         "append": dict(num_splits=0, kvcache="append"), "rope": dict(num_splits=0, kvcache="rope"),
+         "paged256": dict(num_splits=0, kvcache="append", page_size=256),
+         "paged64": dict(num_splits=0, kvcache="append", page_size=64),
+         "paged1p": dict(num_splits=0, kvcache="append", page_size=-1)},
         f"every contender replayed from a CUDA graph of {SPLIT_KV_GRAPH_CALLS} calls (us per call); TB/s = bytes "
         "of K and V / time; num_splits 0 for all: split = flash3_forward on k / v; cache = "
         "flash3_forward_kvcache on the same tensors as a full cache; append = the last row appended by the "
-        "call (k_new / v_new, one row); rope = append with rotary on that row and q; check: split, cache and "
-        "append on batch element 0, worst err / bound",
+        "call (k_new / v_new, one row); rope = append with rotary on that row and q; paged256 / paged64 = "
+        "append on a paged copy of the cache (page_table, pages of 256 / 64 rows in a random order), paged1p with "
+        "one page per sequence; check: "
+        "split, cache, append and paged on batch element 0, worst err / bound",
         ("cuDNN / append", ratio, "KV-cache decode step (append) bandwidth / cuDNN's"), graph=True)
 
 

@@ -222,6 +222,7 @@ struct CombineArgs {
 struct KVCacheArgs {
   TensorView q;        // (b, sq, hq, d); its (b, sq) rows one stride apart: batch stride == sq * row stride, or sq == 1, or b == 1
   TensorView k_cache;  // (b_cache, s_cache, hkv, d), rows likewise one stride apart; written where k_new is given
+                       // (paged: (num_pages, page_size, hkv, d), see page_table)
   TensorView v_cache;  // (b_cache, s_cache, hkv, dv), likewise
   // Optional new rows (both or neither): (b, s_new, hkv, d) / (b, s_new, hkv, dv),
   // written into the cache at rows [cache_seqlens[b], cache_seqlens[b] + s_new)
@@ -246,6 +247,20 @@ struct KVCacheArgs {
   const int* cache_batch_idx = nullptr;  // (b,); null: entry b
   const int* cache_leftpad = nullptr;    // (b,); the entry's first row; null: 0
   const int* rotary_seqlens = nullptr;   // (b,); null: cache_seqlens
+  // Paged KV (optional): page_table is a (b, page_table_max_pages) int32
+  // device array, row b at page_table + b * page_table_batch_stride. k_cache /
+  // v_cache are then page pools (num_pages, page_size, hkv, d[v]) (any
+  // page_size >= 1) and row r of sequence b lives in page page_table[b][r /
+  // page_size] at row r % page_size. A sequence holds at most
+  // page_table_max_pages * page_size rows (the role s_cache has without
+  // pages: cache_seqlens null means every sequence is that full, s_new and
+  // seqlen_ro are checked against it). The entries a call touches (rows below
+  // cache_seqlens[b] + s_new) must lie in [0, num_pages): the caller's
+  // contract, not checked (an entry out of range reads or writes out of
+  // bounds). Not with cache_batch_idx or cache_leftpad.
+  const int* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;  // elements; >= page_table_max_pages when b > 1
+  int page_table_max_pages = 0;
   TensorView out;  // (b, sq, hq, dv), written; rows one stride apart as q's
   // Optional (b, hq, sq) fp32, written; batch stride sq and row stride 1
   // (the kernels' layout is (hq, b * sq): e.g. a (b, hq, sq) view of an

@@ -156,6 +156,13 @@ typedef struct {
   const int32_t* cache_batch_idx;
   const int32_t* cache_leftpad;
   const int32_t* rotary_seqlens;
+  /* Paged KV (flash3::KVCacheArgs::page_table): (b, page_table_max_pages)
+   * int32, row b at page_table + b * page_table_batch_stride; NULL: contiguous
+   * caches. Added after rotary_seqlens: callers built against the shorter
+   * struct (smaller struct_size) get NULL. */
+  const int32_t* page_table;
+  int64_t page_table_batch_stride;
+  int32_t page_table_max_pages;
 } flash3_kvcache_args;
 
 flash3_kvcache_args flash3_default_kvcache_args(void);

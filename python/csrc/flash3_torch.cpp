@@ -27,9 +27,9 @@
 //       (as FlashAttention-3 does).
 //   flash3::fwd_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
 //                       cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
-//                       rotary_seqlens=None, softmax_scale=None, causal=False, window_left=-1,
-//                       window_right=-1, softcap=0.0, rotary_interleaved=True, num_splits=0,
-//                       pack_gqa=-1) -> (out, softmax_lse)
+//                       page_table=None, rotary_seqlens=None, softmax_scale=None, causal=False,
+//                       window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True,
+//                       num_splits=0, pack_gqa=-1) -> (out, softmax_lse)
 //       KV-cache attention (FlashAttention-3's flash_attn_with_kvcache, flash3::forward_kvcache),
 //       forward only: the new rows k (batch, seqlen_new, hkv, d) / v (batch, seqlen_new, hkv, dv),
 //       rotated when rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2) are given, are written
@@ -37,8 +37,13 @@
 //       [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of entry cache_batch_idx[b], then q
 //       (batch, seqlen_q, hq, d) attends to rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new).
 //       cache_seqlens / cache_batch_idx / cache_leftpad / rotary_seqlens: (batch,) int32 on q's
-//       device, read on the device only. out (batch, seqlen_q, hq, dv) contiguous; softmax_lse
-//       (batch, hq, seqlen_q) fp32, a permuted view of a contiguous (hq, batch, seqlen_q) tensor.
+//       device, read on the device only. page_table (FlashAttention-3's paged KV cache): a
+//       (batch, max_num_pages_per_seq) int32 tensor on q's device with unit stride(1); k_cache /
+//       v_cache are then page pools (num_pages, page_size, hkv, d / dv) and row r of sequence b
+//       lives at row r % page_size of page page_table[b][r // page_size] (capacity
+//       max_num_pages_per_seq * page_size rows; not with cache_batch_idx, cache_leftpad or
+//       softcap > 0). out (batch, seqlen_q, hq, dv) contiguous; softmax_lse (batch, hq, seqlen_q)
+//       fp32, a permuted view of a contiguous (hq, batch, seqlen_q) tensor.
 //   flash3::forward_plan(dtype, batch, max_seqlen_q, max_seqlen_k, heads_q, heads_kv, head_dim,
 //                        head_dim_v, causal=False, window_left=-1, window_right=-1, softcap=0.0,
 //                        num_splits=0, pack_gqa=-1) -> int[]
@@ -781,8 +786,10 @@ void check_per_sequence(const std::optional<Tensor>& t, const char* name, const 
 
 // New rows k / v: both or neither, CUDA on q's device, q's dtype, (batch, seqlen_new, num_heads_kv,
 // head_dim[_v]) with the cache's heads and head dims, unit stride in the last dimension.
+// capacity: the rows a sequence's cache holds (seqlen_cache, or max_num_pages_per_seq * page_size
+// with a page table), described by capacity_what in the messages.
 void check_kvcache_new_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
-                            const Tensor& v) {
+                            const Tensor& v, int64_t capacity, const char* capacity_what) {
   check_cuda_on_device_of({{k, "k"}, {v, "v"}}, q, "q");
   check_same_dtype(k, "k", q);
   check_same_dtype(v, "v", q);
@@ -797,21 +804,52 @@ void check_kvcache_new_rows(const Tensor& q, const Tensor& k_cache, const Tensor
   if (!(v.size(2) == k_cache.size(2))) value_error("flash3: v.shape[2] (num_heads_kv) is ", v.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (v ", shape_str(v), ", k_cache ", shape_str(k_cache), ")");
   if (!(k.size(3) == k_cache.size(3))) value_error("flash3: k.shape[3] (head_dim) is ", k.size(3), "; expected ", k_cache.size(3), " to match k_cache.shape[3] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
   if (!(v.size(3) == v_cache.size(3))) value_error("flash3: v.shape[3] (head_dim_v) is ", v.size(3), "; expected ", v_cache.size(3), " to match v_cache.shape[3] (v ", shape_str(v), ", v_cache ", shape_str(v_cache), ")");
-  if (!(k.size(1) <= k_cache.size(1))) value_error("flash3: k.shape[1] (seqlen_new) is ", k.size(1), "; expected at most k_cache.shape[1] (seqlen_cache) = ", k_cache.size(1), ": the cache is too small for the new rows");
+  if (!(k.size(1) <= capacity)) value_error("flash3: k.shape[1] (seqlen_new) is ", k.size(1), "; expected at most ", capacity_what, " = ", capacity, ": the cache is too small for the new rows");
 }
 
 // Rotary tables: CUDA on q's device, q's dtype, (seqlen_ro, rotary_dim / 2) each, unit stride in
-// the last dimension, rotary_dim <= head_dim, seqlen_ro >= seqlen_cache.
-void check_rotary_tables(const Tensor& q, const Tensor& k_cache, const Tensor& cos, const Tensor& sin) {
+// the last dimension, rotary_dim <= head_dim, seqlen_ro >= the capacity (seqlen_cache, or
+// max_num_pages_per_seq * page_size with a page table).
+void check_rotary_tables(const Tensor& q, int64_t capacity, const char* capacity_what, const Tensor& cos,
+                         const Tensor& sin) {
   check_cuda_on_device_of({{cos, "rotary_cos"}, {sin, "rotary_sin"}}, q, "q");
   check_same_dtype(cos, "rotary_cos", q);
   check_same_dtype(sin, "rotary_sin", q);
   if (!(cos.dim() == 2)) value_error("flash3: rotary_cos has ", cos.dim(), " dimensions (shape ", shape_str(cos), "); expected a 2-d tensor (seqlen_ro, rotary_dim / 2)");
   if (!(sin.sizes() == cos.sizes())) value_error("flash3: rotary_sin has shape ", shape_str(sin), "; expected ", shape_str(cos), " to match rotary_cos (seqlen_ro, rotary_dim / 2)");
   if (!(cos.size(1) >= 1 && 2 * cos.size(1) <= q.size(3))) value_error("flash3: rotary_cos.shape[1] (rotary_dim / 2) is ", cos.size(1), "; expected 1 to ", q.size(3) / 2, " (rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = ", q.size(3), ")");
-  if (!(cos.size(0) >= k_cache.size(1))) value_error("flash3: rotary_cos.shape[0] (seqlen_ro) is ", cos.size(0), "; expected at least k_cache.shape[1] (seqlen_cache) = ", k_cache.size(1), " (one row per cache position)");
+  if (!(cos.size(0) >= capacity)) value_error("flash3: rotary_cos.shape[0] (seqlen_ro) is ", cos.size(0), "; expected at least ", capacity_what, " = ", capacity, " (one row per cache position)");
   check_last_dim_contiguous(cos, "rotary_cos", "rotary_dim / 2");
   check_last_dim_contiguous(sin, "rotary_sin", "rotary_dim / 2");
+}
+
+constexpr const char* kPageTableLayout = "(batch, max_num_pages_per_seq)";
+
+// A paged cache's page_table (FlashAttention-3's): CUDA on q's device, int32, 2-d (batch,
+// max_num_pages_per_seq) with q.shape[0] rows of >= 1 entries, each row contiguous (stride(1) == 1)
+// and the rows not overlapping (stride(0) >= shape[1] when batch > 1); k_cache's page_size >= 1;
+// not with cache_batch_idx / cache_leftpad. Its values (page indices) stay on the device: indices
+// outside [0, num_pages) are the caller's contract. The flash3::KVCacheArgs fields come from
+// data_ptr, stride(0) and shape[1].
+void check_page_table(const Tensor& t, const Tensor& q, const Tensor& k_cache,
+                      const std::optional<Tensor>& cache_batch_idx, const std::optional<Tensor>& cache_leftpad) {
+  if (!(t.is_cuda())) value_error("flash3: page_table must be a CUDA tensor on q's device (", q.device().str(), "), but page_table is on device '", t.device().str(), "' (move it with page_table.to(q.device))");
+  check_same_device(t, "page_table", q, "q");
+  if (!(t.scalar_type() == at::kInt)) type_error("flash3: page_table.dtype is ", dtype_str(t.scalar_type()), "; expected torch.int32 (the page indices of each sequence; use page_table.to(torch.int32))");
+  if (!(t.dim() == 2)) value_error("flash3: page_table has ", t.dim(), " dimensions (shape ", shape_str(t), "); expected a 2-d tensor ", kPageTableLayout, " of int32 page indices");
+  if (!(t.size(0) == q.size(0))) value_error("flash3: page_table.shape[0] is ", t.size(0), " (page_table ", shape_str(t), "); expected ", q.size(0), " (one row per sequence: q.shape[0], batch)");
+  if (!(t.size(1) >= 1 && t.size(1) <= INT32_MAX)) value_error("flash3: page_table.shape[1] (max_num_pages_per_seq) is ", t.size(1), "; expected a value in [1, 2147483647]");
+  if (!(t.size(1) == 1 || t.stride(1) == 1)) value_error("flash3: page_table.stride(1) is ", t.stride(1), "; expected 1: each sequence's page indices must be contiguous (use page_table.contiguous())");
+  if (!(t.size(0) <= 1 || t.stride(0) >= t.size(1))) value_error("flash3: page_table.stride(0) is ", t.stride(0), "; expected at least page_table.shape[1] (max_num_pages_per_seq) = ", t.size(1), ": the rows of page_table must not overlap (use page_table.contiguous())");
+  if (!(k_cache.size(1) >= 1)) value_error("flash3: k_cache.shape[1] (page_size) is ", k_cache.size(1), "; expected >= 1 with page_table (k_cache is a (num_pages, page_size, num_heads_kv, head_dim) page pool)");
+  if (has(cache_batch_idx)) not_implemented_error("flash3: page_table (paged KV cache) together with cache_batch_idx is not supported: a paged cache reaches each sequence's rows through its row of page_table (pass cache_batch_idx=None)");
+  if (has(cache_leftpad)) not_implemented_error("flash3: page_table (paged KV cache) together with cache_leftpad is not supported: the sequences of a paged cache start at row 0 (pass cache_leftpad=None)");
+}
+
+// softcap > 0 with a page table: the paged kernels have no softcap (the library says so too, but
+// only after out / lse are allocated). float as AttentionOptions::softcap holds it.
+void check_page_table_softcap(const std::optional<Tensor>& page_table, double softcap) {
+  if (has(page_table) && static_cast<float>(softcap) != 0.f) not_implemented_error("flash3: page_table (paged KV cache) with softcap ", softcap, " is not supported yet; pass softcap=0.0, or a contiguous cache");
 }
 
 // Every tensor check of fwd_kvcache, in the order a user would want to hear about them. The
@@ -820,7 +858,8 @@ void check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& 
                           const std::optional<Tensor>& k, const std::optional<Tensor>& v,
                           const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
                           const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-                          const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens) {
+                          const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
+                          const std::optional<Tensor>& rotary_seqlens) {
   check_cuda(q, "q");
   check_cuda_on_device_of({{k_cache, "k_cache"}, {v_cache, "v_cache"}}, q, "q");
   check_dtype_q(q);
@@ -838,19 +877,30 @@ void check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& 
   if (!(k_cache.size(3) == q.size(3))) value_error("flash3: k_cache.shape[3] (head_dim) is ", k_cache.size(3), "; expected ", q.size(3), " to match q.shape[3] (q ", shape_str(q), ", k_cache ", shape_str(k_cache), ")");
   if (!(k_cache.size(2) >= 1 && q.size(2) % k_cache.size(2) == 0)) value_error("flash3: q.shape[2] (num_heads_q) is ", q.size(2), ", which is not a multiple of k_cache.shape[2] (num_heads_kv) ", k_cache.size(2), "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
   check_head_dim(q, v_cache, "v_cache");
-  if (!(has(cache_batch_idx) || k_cache.size(0) >= q.size(0))) value_error("flash3: k_cache.shape[0] (batch_cache) is ", k_cache.size(0), ", less than q.shape[0] (batch) ", q.size(0), "; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache entry b)");
+  // A page table: k_cache / v_cache are page pools (num_pages, page_size, ...), whose num_pages
+  // has nothing to do with the batch; a sequence holds max_num_pages_per_seq * page_size rows.
+  const bool paged = has(page_table);
+  if (paged) check_page_table(*page_table, q, k_cache, cache_batch_idx, cache_leftpad);
+  const int64_t capacity = paged ? page_table->size(1) * k_cache.size(1) : k_cache.size(1);
+  const char* capacity_what = paged ? "page_table.shape[1] * k_cache.shape[1] (max_num_pages_per_seq * page_size)"
+                                    : "k_cache.shape[1] (seqlen_cache)";
+  if (!(paged || has(cache_batch_idx) || k_cache.size(0) >= q.size(0))) value_error("flash3: k_cache.shape[0] (batch_cache) is ", k_cache.size(0), ", less than q.shape[0] (batch) ", q.size(0), "; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache entry b)");
   // The caches are written in place, so they cannot be copied into the layout the kernels want.
+  // (A page pool likewise: its pages are page_size rows apart.)
   for (const NamedTensor& c : {NamedTensor{k_cache, "k_cache"}, NamedTensor{v_cache, "v_cache"}})
-    if (!(rows_one_stride_apart(c.t))) value_error("flash3: ", c.name, ".stride(0) (batch_cache) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (seqlen_cache * row stride): the rows of all cache entries must be one stride apart (e.g. a contiguous cache, or one sliced along the heads, not along seqlen_cache)");
+    if (!(rows_one_stride_apart(c.t))) {
+      if (paged) value_error("flash3: ", c.name, ".stride(0) (num_pages) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (page_size * row stride): the rows of all pages must be one stride apart (e.g. a contiguous page pool, or one sliced along the heads)");
+      value_error("flash3: ", c.name, ".stride(0) (batch_cache) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (seqlen_cache * row stride): the rows of all cache entries must be one stride apart (e.g. a contiguous cache, or one sliced along the heads, not along seqlen_cache)");
+    }
   if (has(k) != has(v)) value_error("flash3: k and v (the new rows) must be given together, but ", has(k) ? "v" : "k", " is None");
   if (has(k)) {
-    check_kvcache_new_rows(q, k_cache, v_cache, *k, *v);
+    check_kvcache_new_rows(q, k_cache, v_cache, *k, *v, capacity, capacity_what);
     if (!has(cache_seqlens)) value_error("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass cache_seqlens: an int or a (batch,) torch.int32 tensor)");
   }
   if (has(rotary_cos) != has(rotary_sin)) value_error("flash3: rotary_cos and rotary_sin must be given together, but ", has(rotary_cos) ? "rotary_sin" : "rotary_cos", " is None");
   if (has(rotary_cos)) {
     if (!has(k)) value_error("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the new keys (and to q) as they are appended; pass k and v, or no rotary tables");
-    check_rotary_tables(q, k_cache, *rotary_cos, *rotary_sin);
+    check_rotary_tables(q, capacity, capacity_what, *rotary_cos, *rotary_sin);
   }
   check_per_sequence(cache_seqlens, "cache_seqlens", q);
   check_per_sequence(cache_batch_idx, "cache_batch_idx", q);
@@ -869,13 +919,15 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
     const Tensor& q_in, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
     const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
     const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens,
-    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    bool rotary_interleaved, int64_t num_splits, int64_t pack_gqa) {
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
+    const std::optional<Tensor>& rotary_seqlens, std::optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, int64_t num_splits,
+    int64_t pack_gqa) {
   check_kvcache_inputs(q_in, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, rotary_seqlens);
+                       cache_leftpad, page_table, rotary_seqlens);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
+  check_page_table_softcap(page_table, softcap);
   check_pack_gqa(pack_gqa);
   check_num_splits(num_splits);
   const c10::cuda::CUDAGuard guard(q_in.device());
@@ -902,6 +954,14 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
   args.cache_seqlens = int32_ptr(cache_seqlens);
   args.cache_batch_idx = int32_ptr(cache_batch_idx);
   args.cache_leftpad = int32_ptr(cache_leftpad);
+  if (has(page_table)) {  // checked: int32, (batch, max_num_pages_per_seq), unit stride(1)
+    // batch 0: nothing to compute, and the empty table has no data pointer (a null one would
+    // read as "no page table" and get the contiguous cache's checks).
+    if (b == 0) return {out, lse};
+    args.page_table = page_table->data_ptr<int32_t>();
+    args.page_table_batch_stride = page_table->stride(0);
+    args.page_table_max_pages = static_cast<int>(page_table->size(1));  // in [1, INT32_MAX]: checked
+  }
   // rotary_seqlens only matters with rotary tables; without them it is ignored, as in FlashAttention-3.
   args.rotary_seqlens = has(rotary_cos) ? int32_ptr(rotary_seqlens) : nullptr;
   args.out = view(out);
@@ -986,10 +1046,11 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
     const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
     const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens, std::optional<double>,
-    bool, int64_t, int64_t, double, bool, int64_t, int64_t) {
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
+    const std::optional<Tensor>& rotary_seqlens, std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t,
+    int64_t) {
   check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, rotary_seqlens);  // raises for the first CPU tensor
+                       cache_leftpad, page_table, rotary_seqlens);  // raises for the first CPU tensor
   runtime_error("flash3: unreachable");
   return {};
 }
@@ -1210,21 +1271,22 @@ std::tuple<Tensor, Tensor> fwd_kvcache_autograd(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
     const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
     const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& rotary_seqlens,
-    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    bool rotary_interleaved, int64_t num_splits, int64_t pack_gqa) {
+    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
+    const std::optional<Tensor>& rotary_seqlens, std::optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, int64_t num_splits,
+    int64_t pack_gqa) {
   using Opt = const std::optional<Tensor>&;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::fwd_kvcache", "")
                        .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, Opt, Opt, Opt,
-                                                         Opt, Opt, Opt, Opt, Opt, std::optional<double>, bool,
+                                                         Opt, Opt, Opt, Opt, Opt, Opt, std::optional<double>, bool,
                                                          int64_t, int64_t, double, bool, int64_t, int64_t)>();
   std::tuple<Tensor, Tensor> r;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     r = op.call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
-                num_splits, pack_gqa);
+                page_table, rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap,
+                rotary_interleaved, num_splits, pack_gqa);
   }
   if (has(k)) {
     for (const Tensor* c : {&k_cache, &v_cache})
@@ -1319,9 +1381,9 @@ TORCH_LIBRARY(flash3, m) {
   m.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
       "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
-      "Tensor? cache_leftpad=None, Tensor? rotary_seqlens=None, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, int num_splits=0, "
-      "int pack_gqa=-1) -> (Tensor out, Tensor softmax_lse)");
+      "Tensor? cache_leftpad=None, Tensor? page_table=None, Tensor? rotary_seqlens=None, float? softmax_scale=None, "
+      "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
+      "int num_splits=0, int pack_gqa=-1) -> (Tensor out, Tensor softmax_lse)");
   // No tensor arguments: one kernel for every dispatch key (CompositeImplicitAutograd).
   m.def(
       "forward_plan(ScalarType dtype, int batch, int max_seqlen_q, int max_seqlen_k, int heads_q, int heads_kv, "

@@ -21,10 +21,11 @@ The work is done by three operators registered by the C++ extension ``flash3._C`
 * ``torch.ops.flash3.combine(out_partial, lse_partial, out, softmax_lse) -> ()`` (split-KV
   combine, writes out and softmax_lse in place; ``flash_attn_combine`` allocates them)
 * ``torch.ops.flash3.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-  cache_batch_idx, cache_leftpad, rotary_seqlens, softmax_scale, causal, window_left, window_right,
-  softcap, rotary_interleaved, num_splits=0, pack_gqa=-1) -> (out, softmax_lse)`` (KV-cache
-  attention, forward only; appends k / v to k_cache / v_cache in place; softmax_lse is a
-  (batch, heads, seqlen_q) view of a contiguous (heads, batch, seqlen_q) tensor)
+  cache_batch_idx, cache_leftpad, page_table, rotary_seqlens, softmax_scale, causal, window_left,
+  window_right, softcap, rotary_interleaved, num_splits=0, pack_gqa=-1) -> (out, softmax_lse)``
+  (KV-cache attention, forward only; appends k / v to k_cache / v_cache in place, or to the pages
+  of page_table when given; softmax_lse is a (batch, heads, seqlen_q) view of a contiguous
+  (heads, batch, seqlen_q) tensor)
 * ``torch.ops.flash3.forward_plan(dtype, batch, max_seqlen_q, max_seqlen_k, heads_q, heads_kv,
   head_dim, head_dim_v, causal, window_left, window_right, softcap, num_splits=0, pack_gqa=-1)
   -> [num_splits, pack_gqa]`` (the forward's launch plan on the current device, decided on the
@@ -458,6 +459,7 @@ def _combine_fake(out_partial, lse_partial, out, softmax_lse):
 # ---------------------------------------------------------------------------
 _KVCACHE_LAYOUTS = {
     "q": "(batch, seqlen_q, num_heads_q, head_dim)",
+    "page_table": "(batch, max_num_pages_per_seq)",
     "k_cache": "(batch_cache, seqlen_cache, num_heads_kv, head_dim)",
     "v_cache": "(batch_cache, seqlen_cache, num_heads_kv, head_dim_v)",
     "k": "(batch, seqlen_new, num_heads_kv, head_dim)",
@@ -512,8 +514,65 @@ def _rows_one_stride_apart(t):
     return t.shape[0] <= 1 or t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
+def _check_page_table(t, q, k_cache, cache_batch_idx, cache_leftpad):
+    """The C++ check_page_table: a (batch, max_num_pages_per_seq) torch.int32 tensor on q's device,
+    rows contiguous and not overlapping; page_size >= 1; not with cache_batch_idx / cache_leftpad.
+    Its values (page indices) are never read here."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash3: page_table must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"flash3: page_table must be a CUDA tensor on q's device ({q.device}), but page_table is on "
+                         f"device '{t.device}' (move it with page_table.to(q.device))")
+    if t.device != q.device:
+        raise ValueError(f"flash3: page_table is on device '{t.device}' but q is on device '{q.device}'; "
+                         "expected all tensors on the same CUDA device")
+    if t.dtype != torch.int32:
+        raise TypeError(f"flash3: page_table.dtype is {_dtype_str(t.dtype)}; expected torch.int32 (the page indices "
+                        "of each sequence; use page_table.to(torch.int32))")
+    if t.dim() != 2:
+        raise ValueError(f"flash3: page_table has {t.dim()} dimensions (shape {_shape_str(t.shape)}); expected a 2-d "
+                         f"tensor {_KVCACHE_LAYOUTS['page_table']} of int32 page indices")
+    if t.shape[0] != q.shape[0]:
+        raise ValueError(f"flash3: page_table.shape[0] is {t.shape[0]} (page_table {_shape_str(t.shape)}); expected "
+                         f"{q.shape[0]} (one row per sequence: q.shape[0], batch)")
+    if not 1 <= t.shape[1] <= _INT32_MAX:
+        raise ValueError(f"flash3: page_table.shape[1] (max_num_pages_per_seq) is {t.shape[1]}; expected a value in "
+                         "[1, 2147483647]")
+    if t.shape[1] != 1 and t.stride(1) != 1:
+        raise ValueError(f"flash3: page_table.stride(1) is {t.stride(1)}; expected 1: each sequence's page indices "
+                         "must be contiguous (use page_table.contiguous())")
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise ValueError(f"flash3: page_table.stride(0) is {t.stride(0)}; expected at least page_table.shape[1] "
+                         f"(max_num_pages_per_seq) = {t.shape[1]}: the rows of page_table must not overlap (use "
+                         "page_table.contiguous())")
+    if k_cache.shape[1] < 1:
+        raise ValueError(f"flash3: k_cache.shape[1] (page_size) is {k_cache.shape[1]}; expected >= 1 with page_table "
+                         "(k_cache is a (num_pages, page_size, num_heads_kv, head_dim) page pool)")
+    if cache_batch_idx is not None:
+        raise NotImplementedError("flash3: page_table (paged KV cache) together with cache_batch_idx is not "
+                                  "supported: a paged cache reaches each sequence's rows through its row of "
+                                  "page_table (pass cache_batch_idx=None)")
+    if cache_leftpad is not None:
+        raise NotImplementedError("flash3: page_table (paged KV cache) together with cache_leftpad is not supported: "
+                                  "the sequences of a paged cache start at row 0 (pass cache_leftpad=None)")
+
+
+def _check_page_table_softcap(page_table, softcap):
+    """The C++ check_page_table_softcap (softcap as the library's float)."""
+    if page_table is None:
+        return
+    s = float(softcap)
+    try:
+        f = struct.unpack("f", struct.pack("f", s))[0]
+    except OverflowError:  # out of range: _check_softcap, which runs first, has raised already
+        f = math.inf
+    if f != 0.0:
+        raise NotImplementedError(f"flash3: page_table (paged KV cache) with softcap {s:.9g} is not supported yet; "
+                                  "pass softcap=0.0, or a contiguous cache")
+
+
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, rotary_seqlens):
+                          cache_leftpad, page_table, rotary_seqlens):
     """The checks of fwd_kvcache (csrc/flash3_torch.cpp, check_kvcache_inputs), in the same order."""
     _check_cuda_same_device((("q", q),), q)
     _check_cuda_same_device((("k_cache", k_cache), ("v_cache", v_cache)), q)
@@ -537,11 +596,25 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
         raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v_cache.shape[-1] "
                          f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
                          f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
-    if cache_batch_idx is None and k_cache.shape[0] < q.shape[0]:
+    # A page table: k_cache / v_cache are page pools (num_pages, page_size, ...); a sequence holds
+    # max_num_pages_per_seq * page_size rows.
+    paged = page_table is not None
+    if paged:
+        _check_page_table(page_table, q, k_cache, cache_batch_idx, cache_leftpad)
+        capacity = page_table.shape[1] * k_cache.shape[1]
+        capacity_what = "page_table.shape[1] * k_cache.shape[1] (max_num_pages_per_seq * page_size)"
+    else:
+        capacity, capacity_what = k_cache.shape[1], "k_cache.shape[1] (seqlen_cache)"
+    if not paged and cache_batch_idx is None and k_cache.shape[0] < q.shape[0]:
         raise ValueError(f"flash3: k_cache.shape[0] (batch_cache) is {k_cache.shape[0]}, less than q.shape[0] (batch) "
                          f"{q.shape[0]}; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache "
                          "entry b)")
     for name, c in (kc, vc):
+        if not _rows_one_stride_apart(c) and paged:
+            raise ValueError(f"flash3: {name}.stride(0) (num_pages) is {c.stride(0)}; expected "
+                             f"{c.shape[1] * c.stride(1)} = {name}.shape[1] * {name}.stride(1) (page_size * row "
+                             "stride): the rows of all pages must be one stride apart (e.g. a contiguous page pool, "
+                             "or one sliced along the heads)")
         if not _rows_one_stride_apart(c):
             raise ValueError(f"flash3: {name}.stride(0) (batch_cache) is {c.stride(0)}; expected "
                              f"{c.shape[1] * c.stride(1)} = {name}.shape[1] * {name}.stride(1) (seqlen_cache * row "
@@ -563,9 +636,9 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
             ("k.shape[3] (head_dim)", k.shape[3], k_cache.shape[3], "k_cache.shape[3]", ("k", k), kc),
             ("v.shape[3] (head_dim_v)", v.shape[3], v_cache.shape[3], "v_cache.shape[3]", ("v", v), vc),
         ))
-        if k.shape[1] > k_cache.shape[1]:
-            raise ValueError(f"flash3: k.shape[1] (seqlen_new) is {k.shape[1]}; expected at most k_cache.shape[1] "
-                             f"(seqlen_cache) = {k_cache.shape[1]}: the cache is too small for the new rows")
+        if k.shape[1] > capacity:
+            raise ValueError(f"flash3: k.shape[1] (seqlen_new) is {k.shape[1]}; expected at most {capacity_what} = "
+                             f"{capacity}: the cache is too small for the new rows")
         if cache_seqlens is None:
             raise ValueError("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at "
                              "rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass "
@@ -577,7 +650,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
         if k is None:
             raise ValueError("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the "
                              "new keys (and to q) as they are appended; pass k and v, or no rotary tables")
-        _check_rotary_tables(q, k_cache, rotary_cos, rotary_sin)
+        _check_rotary_tables(q, capacity, capacity_what, rotary_cos, rotary_sin)
     for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
                     ("cache_leftpad", cache_leftpad), ("rotary_seqlens", rotary_seqlens)):
         if t is None:
@@ -591,9 +664,10 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
 _PER_SEQUENCE = "one entry per sequence"
 
 
-def _check_rotary_tables(q, k_cache, cos, sin):
+def _check_rotary_tables(q, capacity, capacity_what, cos, sin):
     """The C++ check_rotary_tables: (seqlen_ro, rotary_dim / 2) each, q's device and dtype,
-    rotary_dim <= head_dim, seqlen_ro >= seqlen_cache, unit stride in the last dimension."""
+    rotary_dim <= head_dim, seqlen_ro >= the capacity (seqlen_cache, or max_num_pages_per_seq *
+    page_size with a page table), unit stride in the last dimension."""
     _check_cuda_same_device((("rotary_cos", cos), ("rotary_sin", sin)), q)
     _check_same_dtype((("rotary_cos", cos), ("rotary_sin", sin)), q)
     if cos.dim() != 2:
@@ -607,9 +681,9 @@ def _check_rotary_tables(q, k_cache, cos, sin):
         raise ValueError(f"flash3: rotary_cos.shape[1] (rotary_dim / 2) is {cos.shape[1]}; expected 1 to {d // 2} "
                          f"(rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = "
                          f"{d})")
-    if cos.shape[0] < k_cache.shape[1]:
+    if cos.shape[0] < capacity:
         raise ValueError(f"flash3: rotary_cos.shape[0] (seqlen_ro) is {cos.shape[0]}; expected at least "
-                         f"k_cache.shape[1] (seqlen_cache) = {k_cache.shape[1]} (one row per cache position)")
+                         f"{capacity_what} = {capacity} (one row per cache position)")
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         if t.stride(-1) != 1:
             raise ValueError(f"flash3: {name}.stride(-1) (rotary_dim / 2) is {t.stride(-1)}; expected 1: the "
@@ -618,13 +692,15 @@ def _check_rotary_tables(q, k_cache, cos, sin):
 
 @torch.library.register_fake("flash3::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
-                      cache_batch_idx=None, cache_leftpad=None, rotary_seqlens=None, softmax_scale=None, causal=False,
-                      window_left=-1, window_right=-1, softcap=0.0, rotary_interleaved=True, num_splits=0,
-                      pack_gqa=-1):
+                      cache_batch_idx=None, cache_leftpad=None, page_table=None, rotary_seqlens=None,
+                      softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                      rotary_interleaved=True, num_splits=0, pack_gqa=-1):
+    # page_table changes nothing in the output shapes (out follows q and v_cache's head dim).
     _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, rotary_seqlens)
+                          cache_leftpad, page_table, rotary_seqlens)
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
+    _check_page_table_softcap(page_table, softcap)
     _check_pack_gqa(pack_gqa)
     _check_num_splits(num_splits)
     b, sq, hq, _ = q.shape
@@ -937,12 +1013,8 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
 # ---------------------------------------------------------------------------
 # KV-cache attention.
 # ---------------------------------------------------------------------------
-def _check_kvcache_not_implemented(page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin):
+def _check_kvcache_not_implemented(cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin):
     """flash_attn_with_kvcache's FlashAttention-3 arguments flash3 does not have yet."""
-    if page_table is not None:
-        raise NotImplementedError("flash3: page_table (paged KV cache) is not supported yet; pass None (a "
-                                  "(batch_cache, seqlen_cache, num_heads_kv, head_dim) cache, with cache_batch_idx "
-                                  "to pick the entries)")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
         if t is not None:
             raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet in "
@@ -1039,9 +1111,10 @@ def flash_attn_with_kvcache(
 
     Per sequence b of the batch:
       1. when k / v are given, their seqlen_new rows are written into the cache *in place*, at rows
-         [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of cache entry cache_batch_idx[b]
-         (rows at or past seqlen_cache are dropped: the cache must have room for them); with
-         rotary_cos / rotary_sin the keys are rotated first (the values never are);
+         [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of cache entry cache_batch_idx[b], or of
+         sequence b's pages with a page_table (rows at or past seqlen_cache, or the paged capacity,
+         are dropped: the cache must have room for them); with rotary_cos / rotary_sin the keys are
+         rotated first (the values never are);
       2. q[b] (rotated too when rotary tables are given) attends to rows
          [cache_leftpad[b], cache_seqlens[b] + seqlen_new) of that cache entry, i.e.
          seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seqlen_new keys. Masks are aligned to
@@ -1055,11 +1128,14 @@ def flash_attn_with_kvcache(
         q: (batch, seqlen_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper
             GPU; last dimension contiguous (a q whose (batch, seqlen_q) rows are not one stride
             apart, e.g. a slice along seqlen, is copied first). Not modified.
-        k_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim), q's dtype and device, last
-            dimension contiguous and the rows of all entries one stride apart
-            (k_cache.stride(0) == seqlen_cache * k_cache.stride(1): e.g. contiguous, or a slice
-            along the heads). Written in place when k is given.
-        v_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim_v), likewise.
+        k_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim) without page_table, or
+            (num_blocks, page_block_size, num_heads_kv, head_dim) with one (a paged KV cache: a
+            pool of pages of any page_block_size >= 1, e.g. 1, 16, 64, 256), q's dtype and
+            device, last dimension contiguous and the rows of all entries (pages) one stride
+            apart (k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1): e.g. contiguous, or
+            a slice along the heads). Written in place when k is given.
+        v_cache: (batch_cache, seqlen_cache, num_heads_kv, head_dim_v), or
+            (num_blocks, page_block_size, num_heads_kv, head_dim_v) with page_table, likewise.
             (head_dim, head_dim_v) must be one this build has forward kernels for
             (flash3.forward_is_built); num_heads_q a multiple of num_heads_kv (GQA / MQA).
         k, v: optional new rows (both or neither), (batch, seqlen_new, num_heads_kv, head_dim) /
@@ -1071,7 +1147,8 @@ def flash_attn_with_kvcache(
         rotary_cos, rotary_sin: optional rotary embedding tables (both or neither; need k and v),
             (seqlen_ro, rotary_dim / 2) each, q's dtype, last dimension contiguous, rotary_dim
             even and <= head_dim (any even rotary_dim: FlashAttention-3 wants a multiple of 16),
-            seqlen_ro >= seqlen_cache. New key i of sequence b is rotated to position pos_b + i,
+            seqlen_ro >= seqlen_cache (with page_table: >= max_num_blocks_per_seq *
+            page_block_size). New key i of sequence b is rotated to position pos_b + i,
             with pos_b = rotary_seqlens[b] if given, else cache_seqlens[b]; query i is rotated to
             position pos_b + i when causal or local (a window that cuts something), else to pos_b
             (all queries at the first new position), as in FlashAttention-3. Per pair (x0, x1)
@@ -1079,16 +1156,28 @@ def flash_attn_with_kvcache(
             x1' = fma(x0, s, x1 c), rounded to the dtype; dims >= rotary_dim are unchanged.
         cache_seqlens: the number of rows each cache entry holds before the append: an int (every
             sequence) or a (batch,) torch.int32 tensor on q's device (contiguous). None: every
-            entry holds seqlen_cache rows (k / v then cannot be given).
+            entry holds seqlen_cache rows (with page_table: max_num_blocks_per_seq *
+            page_block_size; k / v then cannot be given).
         cache_batch_idx: optional (batch,) torch.int32 on q's device: the cache entry of each
             sequence (default: entry b, which needs batch_cache >= batch). With k / v, entries
             should be distinct (which of several sequences' rows a shared entry keeps is
             unspecified).
         cache_leftpad: optional (batch,) torch.int32 on q's device: the first row of each entry
             that attention reads (left padding; default 0). The append position ignores it.
-        page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q (meaningful only with
-            cu_seqlens_q): paged caches and variable-length q / new rows are not supported yet
-            (NotImplementedError unless None).
+        page_table: optional (batch, max_num_blocks_per_seq) torch.int32 on q's device, each row
+            contiguous (stride(1) == 1; rows may be further apart, e.g. a slice of a wider
+            table): a paged KV cache, as in FlashAttention-3. Row r of sequence b lives at row
+            r % page_block_size of page page_table[b, r // page_block_size] of k_cache / v_cache
+            (sequences may share pages, e.g. a common prefix, but not rows the call appends). A
+            sequence then holds at most max_num_blocks_per_seq * page_block_size rows, the role
+            seqlen_cache has without pages: cache_seqlens=None means every sequence is that
+            full, and seqlen_new and seqlen_ro are checked against it. Not with cache_batch_idx
+            or cache_leftpad, nor with softcap > 0 (NotImplementedError). The page indices a
+            call uses (those of rows below cache_seqlens[b] + seqlen_new) must lie in
+            [0, num_blocks): the caller's contract, not checked (an index out of range reads or
+            writes outside the pool). Read on the device only.
+        cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q (meaningful only with cu_seqlens_q):
+            variable-length q / new rows are not supported yet (NotImplementedError unless None).
         rotary_seqlens: optional (batch,) torch.int32 on q's device: the rotary position of the
             first new row (default cache_seqlens); ignored without rotary tables (as in
             FlashAttention-3).
@@ -1116,7 +1205,8 @@ def flash_attn_with_kvcache(
     in a CUDA graph and replayed with new values in them). Their values are the caller's
     contract: cache_batch_idx outside [0, batch_cache), cache_seqlens / cache_leftpad outside
     [0, seqlen_cache] are clamped on the device (nothing outside the tensors is read or written,
-    but the results are meaningless), cache_leftpad should not exceed cache_seqlens.
+    but the results are meaningless), cache_leftpad should not exceed cache_seqlens; page_table
+    entries are not checked at all (see page_table).
 
     Returns:
         out: (batch, seqlen_q, num_heads_q, head_dim_v), q's dtype, contiguous; or, with
@@ -1131,14 +1221,16 @@ def flash_attn_with_kvcache(
     version counters are bumped when k / v are written.
 
     Raises (before anything is launched or written): ValueError (CPU tensors, mismatched
-    devices or shapes, strides, k without v, rotary tables without k, a bad
-    scheduler_metadata, softmax_scale / softcap out of range), TypeError (dtypes, int arrays
-    that are not torch.int32, pack_gqa / num_splits types), NotImplementedError (the arguments
-    above that flash3 does not support yet; softcap > 0 in a build without the softcap
-    kernels), RuntimeError (a CUDA error).
+    devices or shapes, strides, k without v, rotary tables without k, a page_table that is not
+    2-d, has not batch rows or has a non-unit stride(1), a bad scheduler_metadata,
+    softmax_scale / softcap out of range), TypeError (dtypes, int arrays and page_table that
+    are not torch.int32, pack_gqa / num_splits types), NotImplementedError (the arguments above
+    that flash3 does not support yet; page_table with cache_batch_idx, cache_leftpad or softcap
+    > 0; softcap > 0 in a build without the softcap kernels; page_table in a build without the
+    forward's packgqa unit for the dtype and head dims), RuntimeError (a CUDA error).
     """
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
-    _check_kvcache_not_implemented(page_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin)
+    _check_kvcache_not_implemented(cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin)
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
@@ -1149,8 +1241,8 @@ def flash_attn_with_kvcache(
     else:
         num_splits, pack = _check_num_splits(num_splits), _pack_gqa_arg(pack_gqa)
     out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                            cache_leftpad, rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap,
-                            rotary_interleaved, num_splits, pack)
+                            cache_leftpad, page_table, rotary_seqlens, softmax_scale, causal, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits, pack)
     if return_softmax_lse:
         return out, lse
     return out
@@ -1188,29 +1280,38 @@ def get_scheduler_metadata(
     / cache_leftpad, which are accepted and ignored. The plan is made for keys of length
     max_seqlen_k + max_seqlen_k_new (the cache size plus the new rows).
 
-    Arguments: batch_size, max_seqlen_q, max_seqlen_k (the cache size, seqlen_cache),
-    num_heads_q, num_heads_kv, headdim, headdim_v (default headdim): the shapes of the
-    flash_attn_with_kvcache calls; qkv_dtype torch.bfloat16 or torch.float16; max_seqlen_k_new:
-    seqlen_new of k / v; causal, window_size, has_softcap (softcap > 0), num_splits (0:
-    heuristic, 1: none, n: at most n), pack_gqa (None: heuristic): as in those calls.
-    cu_seqlens_q, cu_seqlens_k_new, page_size, attention_chunk != 0 and sm_margin != 0 are not
-    supported yet (NotImplementedError).
+    Arguments: batch_size, max_seqlen_q, max_seqlen_k (the cache size, seqlen_cache; for a paged
+    cache its capacity per sequence, max_num_blocks_per_seq * page_size, as FlashAttention-3
+    takes it), num_heads_q, num_heads_kv, headdim, headdim_v (default headdim): the shapes of
+    the flash_attn_with_kvcache calls; qkv_dtype torch.bfloat16 or torch.float16;
+    max_seqlen_k_new: seqlen_new of k / v; causal, window_size, has_softcap (softcap > 0),
+    num_splits (0: heuristic, 1: none, n: at most n), pack_gqa (None: heuristic): as in those
+    calls. page_size: None (contiguous caches) or the page_block_size of a paged cache (an int
+    >= 1); accepted and checked, but the plan does not depend on it (a paged call of the same
+    shapes and capacity takes the same plan as a contiguous one). cu_seqlens_q,
+    cu_seqlens_k_new, attention_chunk != 0 and sm_margin != 0 are not supported yet
+    (NotImplementedError).
 
     Returns:
         A CPU torch.int32 tensor [num_splits, pack_gqa] (num_splits >= 1: 1 means no split;
         pack_gqa 0 or 1). Unlike FlashAttention-3's (a device tensor), it carries no per-batch
         data: any call with the same shapes and options may use it.
 
-    Raises: NotImplementedError (above), TypeError (non-int sizes, a dtype other than
-    torch.float16 / torch.bfloat16, pack_gqa / num_splits types), ValueError (sizes < 1 or
-    beyond int32, bad num_splits, shapes or options flash3::forward_plan rejects),
-    RuntimeError (no usable CUDA device).
+    Raises: NotImplementedError (above), TypeError (non-int sizes or page_size, a dtype other
+    than torch.float16 / torch.bfloat16, pack_gqa / num_splits types), ValueError (sizes < 1 or
+    beyond int32, page_size < 1, bad num_splits, shapes or options flash3::forward_plan
+    rejects), RuntimeError (no usable CUDA device).
     """
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
         if t is not None:
             raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet; pass None")
-    if page_size is not None:
-        raise NotImplementedError("flash3: page_size (paged KV cache) is not supported yet; pass None")
+    if page_size is not None:  # a paged cache: the plan depends on the shapes only, not on the page size
+        if isinstance(page_size, bool) or not isinstance(page_size, int):
+            raise TypeError(f"flash3: page_size is {page_size!r} ({type(page_size).__name__}); expected None or an "
+                            "int (the page_block_size of a paged cache)")
+        if not 1 <= page_size <= _INT32_MAX:
+            raise ValueError(f"flash3: page_size is {page_size}; expected None or an int in [1, 2147483647] (the "
+                             "page_block_size of a paged cache)")
     if attention_chunk != 0:
         raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
     if sm_margin != 0:

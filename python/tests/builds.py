@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import flash3
-from flash3 import flash_attn_func
+from flash3 import flash_attn_func, flash_attn_with_kvcache
 
 _SOFTCAP_BUILT = {}
+_PAGED_BUILT = {}
 
 
 def softcap_built(dtype, d, dv, backward=False):
@@ -44,3 +45,32 @@ def skip_unless_softcap_built(dtype, d, dv, backward=False):
     if not softcap_built(dtype, d, dv, backward):
         pytest.skip(f"{'backward' if backward else 'forward'} softcap kernel {dtype} {d}x{dv} not built "
                     "(FLASH3_FEATURES without softcap)")
+
+
+def paged_built(dtype, d, dv):
+    """Whether this build runs paged KV caches (flash_attn_with_kvcache's page_table) for (dtype, d,
+    dv): they run in the forward's packgqa unit, which a build may lack (CMake FLASH3_FEATURES
+    without "packgqa"; the call then raises NotImplementedError naming it). Probed once with a
+    tiny call of one sequence over a one-page pool. Call only where the plain forward kernels of
+    (dtype, d, dv) are built."""
+    key = (dtype, d, dv)
+    if key not in _PAGED_BUILT:
+        q = torch.zeros(1, 1, 1, d, device="cuda", dtype=dtype)
+        kc = torch.zeros(1, 1, 1, d, device="cuda", dtype=dtype)
+        vc = torch.zeros(1, 1, 1, dv, device="cuda", dtype=dtype)
+        page_table = torch.zeros(1, 1, device="cuda", dtype=torch.int32)
+        try:
+            flash_attn_with_kvcache(q, kc, vc, cache_seqlens=1, page_table=page_table)
+            _PAGED_BUILT[key] = True
+        except NotImplementedError as e:
+            assert "packgqa" in str(e), str(e)
+            _PAGED_BUILT[key] = False
+    return _PAGED_BUILT[key]
+
+
+def skip_unless_paged_built(dtype, d, dv):
+    """skip_unless_built, then also unless paged KV caches run for (dtype, d, dv) (paged_built)."""
+    skip_unless_built(dtype, d, dv)
+    if not paged_built(dtype, d, dv):
+        pytest.skip(f"paged KV cache {dtype} {d}x{dv} not built (the forward's packgqa unit; FLASH3_FEATURES "
+                    "without packgqa)")

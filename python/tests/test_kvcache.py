@@ -23,6 +23,20 @@ value of every dimension appears, plus targeted tests (int / None cache_seqlens,
 strided inputs, rows dropped past the cache's end, softcap, scheduler metadata, CUDA graphs,
 torch.compile, opcheck, no autograd) and the error tests (raised before anything is launched or
 written, naming the argument). Head dims this build lacks are skipped (builds.py).
+
+Paged caches (page_table): a logical (batch, capacity, hkv, d) cache is scattered into a pool of
+pages through a random permutation (more pages than the table uses; the unused ones NaN, so a
+read of a wrong page shows in out), and the call is checked against the reference on the logical
+cache by the rules above (out, softmax_lse; the pools read back in logical order bit for bit, the
+unused pages still NaN bit for bit, page_table not modified). The matrix (dtype; head dim 64 / 128
+/ 256; page size 1 / 16 / 64 / 256; seqlen_q 1 / 4 / 128; seqlen_new 0 / 1 / 17; the rotary
+variants; no mask / causal / window; MHA / GQA / MQA; fill 0 / 1 / random / up to the capacity;
+pack_gqa None / True / False; a contiguous table or a slice of a wider one), each case with
+num_splits 1, 0 and 3: a seeded random subset of 150 cases, completed so that every value
+appears. Targeted paged tests: cache_seqlens None / int, rows past the capacity dropped, a pool
+sliced along the heads, shared prefix pages, empty batch, version counters, scheduler metadata
+with page_size, CUDA graphs with a new table per replay, torch.compile, opcheck, and the
+page_table errors. They skip where the build has no packgqa unit for the case (builds.py).
 """
 import itertools
 import math
@@ -36,7 +50,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 import flash3  # noqa: E402
 from flash3 import flash_attn_with_kvcache, get_scheduler_metadata  # noqa: E402
-from builds import skip_unless_built, skip_unless_softcap_built  # noqa: E402
+from builds import skip_unless_built, skip_unless_paged_built, skip_unless_softcap_built  # noqa: E402
 from ref import check_close, kvcache_ref, max_err, rounding_atol, tol_factor  # noqa: E402
 
 DEV = "cuda"
@@ -442,7 +456,7 @@ def test_opcheck(new_rows):
     dispatch."""
     p = _simple(sq=4, s_new=3 if new_rows else 0, rotary=(False, 0.5) if new_rows else None)
     args = (p.q, p.k_cache.clone(), p.v_cache.clone(), p.k, p.v, p.rotary_cos, p.rotary_sin, p.cache_seqlens,
-            p.cache_batch_idx, p.cache_leftpad, None, None, True, -1, -1, 0.0, p.rotary_interleaved, 0, -1)
+            p.cache_batch_idx, p.cache_leftpad, None, None, None, True, -1, -1, 0.0, p.rotary_interleaved, 0, -1)
     torch.library.opcheck(torch.ops.flash3.fwd_kvcache.default, args)
 
 
@@ -491,8 +505,8 @@ ERRORS = {
     "cache_leftpad_cpu": (_set(cache_leftpad=lambda p: p.cache_leftpad.cpu()), ValueError, ["cache_leftpad", "CUDA"]),
     "rotary_seqlens_shape": (_set(rotary_seqlens=lambda p: torch.zeros(1, dtype=I32, device=DEV)), ValueError,
                              ["rotary_seqlens", "entries"]),
-    "page_table": (_set(page_table=lambda p: torch.zeros(BATCH, 4, dtype=I32, device=DEV)), NotImplementedError,
-                   ["page_table"]),
+    "page_table_with_cache_batch_idx": (_set(page_table=lambda p: torch.zeros(BATCH, 4, dtype=I32, device=DEV)),
+                                        NotImplementedError, ["page_table", "cache_batch_idx"]),
     "cu_seqlens_q": (_set(cu_seqlens_q=lambda p: torch.zeros(BATCH + 1, dtype=I32, device=DEV)),
                      NotImplementedError, ["cu_seqlens_q"]),
     "cu_seqlens_k_new": (_set(cu_seqlens_k_new=lambda p: torch.zeros(BATCH + 1, dtype=I32, device=DEV)),
@@ -621,16 +635,17 @@ def test_no_kernel_launched_on_error():
     p = _err_problem()
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     bad_seqlens = p.cache_seqlens.long()
+    page_table = torch.zeros(BATCH, 4, dtype=I32, device=DEV)  # (made outside the profiled region: a fill kernel)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        with pytest.raises(NotImplementedError):
-            flash_attn_with_kvcache(p.q, kc, vc, p.k, p.v, page_table=p.cache_seqlens, **p.kwargs())
+        with pytest.raises(NotImplementedError):  # page_table with cache_batch_idx (the operator's check)
+            flash_attn_with_kvcache(p.q, kc, vc, p.k, p.v, page_table=page_table, **p.kwargs())
         kw = dict(p.kwargs(), cache_seqlens=bad_seqlens)
         with pytest.raises(TypeError):
             flash_attn_with_kvcache(p.q, kc, vc, p.k, p.v, **kw)
         with pytest.raises(ValueError):
             torch.ops.flash3.fwd_kvcache(p.q, kc, vc, p.k, p.v, None, None, p.cache_seqlens, None, None, None, None,
-                                         False, -1, -1, 0.0, True, 0, 5)  # pack_gqa 5
+                                         None, False, -1, -1, 0.0, True, 0, 5)  # pack_gqa 5
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not kernels, f"kernels launched by an invalid call: {kernels}"
@@ -658,7 +673,8 @@ def test_bad_argument_raises_under_compile(case):
 GSM_ERRORS = {
     "cu_seqlens_q": (dict(cu_seqlens_q=torch.zeros(4, dtype=I32)), NotImplementedError, ["cu_seqlens_q"]),
     "cu_seqlens_k_new": (dict(cu_seqlens_k_new=torch.zeros(4, dtype=I32)), NotImplementedError, ["cu_seqlens_k_new"]),
-    "page_size": (dict(page_size=16), NotImplementedError, ["page_size"]),
+    "page_size_zero": (dict(page_size=0), ValueError, ["page_size is 0"]),
+    "page_size_float": (dict(page_size=16.0), TypeError, ["page_size"]),
     "attention_chunk": (dict(attention_chunk=64), NotImplementedError, ["attention_chunk"]),
     "sm_margin": (dict(sm_margin=8), NotImplementedError, ["sm_margin"]),
     "dtype_fp32": (dict(qkv_dtype=torch.float32), TypeError, ["dtype", "float32"]),
@@ -683,3 +699,438 @@ def test_get_scheduler_metadata_errors(case):
 def test_public_names():
     assert "flash_attn_with_kvcache" in flash3.__all__ and "get_scheduler_metadata" in flash3.__all__
     assert flash3.flash_attn_with_kvcache is flash_attn_with_kvcache
+
+
+# ---------------------------------------------------------------------------
+# Paged KV caches (page_table): k_cache / v_cache are pools of pages, sequence b's row r at row
+# r % page_size of page page_table[b, r // page_size].
+# ---------------------------------------------------------------------------
+PAGE_SIZES = [1, 16, 64, 256]
+PAGED_ROWS = 640  # rows each sequence needs at most (fill + new rows); the capacity rounds it up to whole pages
+PAGED_FILLS = ["0", "1", "max", "random"]  # max: the new rows end at the capacity (last page full)
+PAGED_TABLES = ["contiguous", "strided"]  # strided: a slice of a wider table (stride(0) > max_num_pages)
+PAGED_SPLITS = (1, 0, 3)
+
+PAGED_DIMS = {
+    "dtype": list(DTYPES), "d": HDIMS, "page_size": PAGE_SIZES, "sq": SEQLEN_Q, "s_new": SEQLEN_NEW,
+    "rotary": list(ROTARY), "mask": list(MASKS), "heads": list(HEADS), "fill": PAGED_FILLS, "pack": PACKS,
+    "table": PAGED_TABLES,
+}
+
+
+def _paged_case_id(c):
+    return (f"{c['dtype']}-d{c['d']}-page{c['page_size']}-sq{c['sq']}-new{c['s_new']}-rot_{c['rotary']}-{c['mask']}-"
+            f"{c['heads']}-fill{c['fill']}-pack{c['pack']}-{c['table']}")
+
+
+def _paged_matrix(n=150, seed=20250611):
+    """As _matrix, a seeded random subset of the valid paged cases (distinct), completed so that
+    every value of every dimension appears at least once; drawn dimension by dimension (the full
+    product, some 230k cases, is not built)."""
+    r = random.Random(seed)
+    chosen, seen = [], set()
+
+    def draw(**fixed):
+        c = {name: r.choice(values) for name, values in PAGED_DIMS.items()}
+        c.update(fixed)
+        key = tuple(c.values())
+        if _valid(c) and key not in seen:
+            seen.add(key)
+            chosen.append(c)
+
+    while len(chosen) < n:
+        draw()
+    for name, values in PAGED_DIMS.items():
+        for value in values:
+            while not any(c[name] == value for c in chosen):
+                draw(**{name: value})
+    return chosen
+
+
+PAGED_CASES = _paged_matrix()
+
+
+class PagedProblem:
+    """A paged flash_attn_with_kvcache call and its contiguous twin: `logical` (a Problem) holds the
+    caches as (batch, capacity, hkv, d) tensors, the reference's input; k_pool / v_pool hold the
+    same rows scattered into pages through a random permutation of a larger pool, whose pages
+    outside page_table are NaN (a kernel reading a wrong page shows as NaN in out)."""
+
+    def __init__(self, dtype, d, page_size, sq, s_new, rotary, causal, window, hq, hkv, fill, seed, table="contiguous",
+                 b=BATCH, rows=PAGED_ROWS, dv=None):
+        self.max_pages = -(-rows // page_size)
+        self.capacity = self.max_pages * page_size
+        self.page_size = page_size
+        self.logical = Problem(dtype, d, sq, s_new, rotary, causal, window, hq, hkv, False, False, "0", seed, b=b,
+                               seqlen_cache=self.capacity, seqlen_ro=self.capacity + 128, dv=dv)
+        lg = self.logical
+        gc = torch.Generator().manual_seed(seed + 7919)  # host draws: lengths, the page permutation
+        if fill == "random":
+            lens = torch.randint(0, self.capacity - s_new + 1, (b,), generator=gc)
+        elif fill == "max":
+            lens = torch.full((b,), self.capacity - s_new)
+        else:
+            lens = torch.full((b,), int(fill))
+        lg.cache_seqlens = lens.to(torch.int32).to(DEV)
+        used = b * self.max_pages
+        self.num_pages = used + max(3, used // 2)
+        perm = torch.randperm(self.num_pages, generator=gc)
+        pt = perm[:used].view(b, self.max_pages).to(torch.int32).to(DEV)
+        if table == "strided":
+            store = torch.full((b, self.max_pages + 5), -1, dtype=torch.int32, device=DEV)
+            store[:, :self.max_pages] = pt
+            pt = store[:, :self.max_pages]
+            assert pt.stride(0) == self.max_pages + 5 and pt.stride(1) == 1
+        self.page_table = pt
+        self.unused = perm[used:].to(DEV)
+        self.k_pool = self.to_pool(lg.k_cache)
+        self.v_pool = self.to_pool(lg.v_cache)
+
+    def to_pool(self, logical):
+        b, _, h, d = logical.shape
+        pool = torch.full((self.num_pages, self.page_size, h, d), float("nan"), dtype=logical.dtype, device=DEV)
+        pool[self.page_table.reshape(-1).long()] = logical.reshape(b * self.max_pages, self.page_size, h, d)
+        return pool
+
+    def to_logical(self, pool):
+        """The pool's rows in each sequence's logical order: (batch, capacity, hkv, d)."""
+        b = self.page_table.shape[0]
+        return pool[self.page_table.long()].reshape(b, self.capacity, *pool.shape[2:])
+
+    def kwargs(self):
+        kw = self.logical.kwargs()
+        kw.update(page_table=self.page_table, cache_batch_idx=None, cache_leftpad=None)
+        return kw
+
+    def reference(self, softmax_scale=None):
+        return self.logical.reference(softmax_scale=softmax_scale)
+
+    def run(self, **kw):
+        """flash_attn_with_kvcache on clones of the pools: (out, lse, k_pool, v_pool)."""
+        kc, vc = self.k_pool.clone(), self.v_pool.clone()
+        args = self.kwargs()
+        args.update(kw)
+        out, lse = flash_attn_with_kvcache(self.logical.q, kc, vc, self.logical.k, self.logical.v,
+                                           return_softmax_lse=True, **args)
+        return out, lse, kc, vc
+
+    def check(self, ref, out, lse, kc, vc, what):
+        """_check_result on the pools read back in logical order (the appended rows bit for bit, every
+        other row untouched), and the pages outside page_table untouched (still NaN, bit for bit)."""
+        result = _check_result(self.logical, ref, out, lse, self.to_logical(kc), self.to_logical(vc), what)
+        for name, got, orig in (("k", kc, self.k_pool), ("v", vc, self.v_pool)):
+            assert torch.equal(_bits(got[self.unused]), _bits(orig[self.unused])), \
+                f"{what}: {name} pool: a page outside page_table was written"
+        return result
+
+
+def _paged_problem(c, seed):
+    hq, hkv = HEADS[c["heads"]]
+    causal, window = MASKS[c["mask"]]
+    return PagedProblem(DTYPES[c["dtype"]], c["d"], c["page_size"], c["sq"], c["s_new"], ROTARY[c["rotary"]], causal,
+                        window, hq, hkv, c["fill"], seed, table=c["table"])
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=[_paged_case_id(c) for c in PAGED_CASES])
+def test_paged_matches_reference(case):
+    """out / softmax_lse against the reference on the logical (contiguous) cache, the appended rows
+    bit for bit in their pages, no other page written; num_splits 1, 0 (heuristic) and 3, the split
+    results within the tolerance of the unsplit one."""
+    dtype, d = DTYPES[case["dtype"]], case["d"]
+    skip_unless_paged_built(dtype, d, d)
+    p = _paged_problem(case, 1000 + PAGED_CASES.index(case))
+    lg = p.logical
+    saved = [t.clone() for t in (lg.q, lg.k, lg.v, p.page_table) if t is not None]
+    ref = p.reference()
+    outs = {}
+    for ns in PAGED_SPLITS:
+        out, lse, kc, vc = p.run(num_splits=ns, pack_gqa=case["pack"])
+        base, atol = p.check(ref, out, lse, kc, vc, f"num_splits={ns}")
+        outs[ns] = out
+    for ns in PAGED_SPLITS[1:]:
+        e = max_err(outs[ns], outs[1])
+        assert e <= 2 * base + atol, f"num_splits={ns} vs 1: max diff {e:.3e} > {2 * base + atol:.3e}"
+    for t, s in zip([t for t in (lg.q, lg.k, lg.v, p.page_table) if t is not None], saved):
+        assert torch.equal(_bits(t), _bits(s)), "an input (q, k, v or page_table) was modified"
+
+
+def _paged_simple(dtype=torch.bfloat16, d=128, page_size=16, sq=4, s_new=5, rotary=(True, 1.0), causal=True,
+                  window=(-1, -1), hq=16, hkv=2, fill="random", seed=1, **kw):
+    skip_unless_paged_built(dtype, d, kw.get("dv", d))
+    return PagedProblem(dtype, d, page_size, sq, s_new, rotary, causal, window, hq, hkv, fill, seed, **kw)
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_paged_cache_seqlens_none(page_size):
+    """No cache_seqlens (and no k / v): every sequence holds the capacity, max_num_pages * page_size
+    rows; an int cache_seqlens gives the same bits as the tensor."""
+    p = _paged_simple(page_size=page_size, s_new=0, rotary=None, rows=300)
+    p.logical.cache_seqlens = None
+    ref = p.reference()
+    for ns in PAGED_SPLITS:
+        p.check(ref, *p.run(num_splits=ns), f"cache_seqlens=None num_splits={ns}")
+    q = _paged_simple(page_size=page_size, s_new=3, fill="max", rows=300)
+    want = q.run()
+    got = q.run(cache_seqlens=q.capacity - 3)
+    for w, g in zip(want, got):
+        assert torch.equal(_bits(w), _bits(g))
+
+
+def test_paged_rows_past_the_capacity_are_dropped():
+    """New rows at or past the capacity are not written (no page outside the table, no entry past
+    the table's row is used); the rows that fit are."""
+    p = _paged_simple(rotary=None, s_new=17, page_size=16, rows=64)
+    lg = p.logical
+    lg.cache_seqlens = torch.tensor([54, 63, 47], dtype=torch.int32, device=DEV)  # 10, 1, 17 rows fit
+    want_k, want_v = lg.k_cache.clone(), lg.v_cache.clone()
+    for i in range(BATCH):
+        n = int(lg.cache_seqlens[i])
+        fit = min(17, p.capacity - n)
+        want_k[i, n:n + fit] = lg.k[i, :fit]
+        want_v[i, n:n + fit] = lg.v[i, :fit]
+    for ns in (1, 0):
+        _, _, kc, vc = p.run(num_splits=ns)
+        _assert_bitwise("k pool", p.to_logical(kc), want_k)
+        _assert_bitwise("v pool", p.to_logical(vc), want_v)
+        assert torch.equal(_bits(kc[p.unused]), _bits(p.k_pool[p.unused])), "a page outside page_table was written"
+        assert torch.equal(_bits(vc[p.unused]), _bits(p.v_pool[p.unused])), "a page outside page_table was written"
+
+
+def test_paged_strided_pool():
+    """Pools sliced along the heads (pages one stride apart, rows not contiguous): used in place, the
+    other heads of the storage untouched."""
+    p = _paged_simple(hq=8, hkv=2, s_new=6, page_size=64)
+    ref = p.reference()
+    n, ps, hkv, d = p.k_pool.shape
+    for ns in (1, 3):
+        k_store = torch.randn(n, ps, 2 * hkv, d, device=DEV, dtype=p.k_pool.dtype)
+        v_store = torch.randn(n, ps, 2 * hkv, d, device=DEV, dtype=p.v_pool.dtype)
+        k_store[:, :, 1::2], v_store[:, :, 1::2] = p.k_pool, p.v_pool
+        other_k, other_v = k_store[:, :, 0::2].clone(), v_store[:, :, 0::2].clone()
+        kc, vc = k_store[:, :, 1::2], v_store[:, :, 1::2]
+        out, lse = flash_attn_with_kvcache(p.logical.q, kc, vc, p.logical.k, p.logical.v, return_softmax_lse=True,
+                                           num_splits=ns, **p.kwargs())
+        p.check(ref, out, lse, kc, vc, f"strided pool num_splits={ns}")
+        assert torch.equal(_bits(k_store[:, :, 0::2]), _bits(other_k))
+        assert torch.equal(_bits(v_store[:, :, 0::2]), _bits(other_v))
+
+
+def test_paged_shared_prefix_pages():
+    """Sequences may share pages they only read (a common prefix); each appends into its own."""
+    p = _paged_simple(rotary=None, s_new=2, page_size=16, fill="0", rows=64)
+    lg = p.logical
+    # Pages 0 and 1 of every sequence are sequence 0's: 32 shared rows, the appends after them.
+    pt = p.page_table.clone()
+    pt[1:, :2] = pt[0, :2]
+    p.page_table = pt
+    for i in range(1, BATCH):
+        lg.k_cache[i, :32], lg.v_cache[i, :32] = lg.k_cache[0, :32], lg.v_cache[0, :32]
+    lg.cache_seqlens = torch.tensor([32, 32, 40], dtype=torch.int32, device=DEV)
+    # The pool as the table now reads it; pages no longer in the table stay as they were.
+    p.k_pool[pt.reshape(-1).long()] = lg.k_cache.reshape(-1, 16, *lg.k_cache.shape[2:])
+    p.v_pool[pt.reshape(-1).long()] = lg.v_cache.reshape(-1, 16, *lg.v_cache.shape[2:])
+    ref = p.reference()
+    for ns in (1, 0):
+        p.check(ref, *p.run(num_splits=ns), f"shared prefix num_splits={ns}")
+
+
+def test_paged_version_bump_and_no_autograd():
+    """With a page table too: no autograd, the pools' version counters bumped only when k / v are
+    written."""
+    p = _paged_simple()
+    q = p.logical.q.clone().requires_grad_(True)
+    kc, vc = p.k_pool.clone(), p.v_pool.clone()
+    v0k, v0v = kc._version, vc._version
+    out = flash_attn_with_kvcache(q, kc, vc, p.logical.k, p.logical.v, **p.kwargs())
+    assert not out.requires_grad and out.grad_fn is None
+    assert kc._version > v0k and vc._version > v0v
+    v1k, v1v = kc._version, vc._version
+    flash_attn_with_kvcache(q, kc, vc, cache_seqlens=p.logical.cache_seqlens, page_table=p.page_table)
+    assert kc._version == v1k and vc._version == v1v, "a pool's version bumped by a call without k / v"
+
+
+def test_paged_empty_batch():
+    """batch 0 with a (0, max_num_pages) table: empty results, nothing written."""
+    skip_unless_paged_built(torch.bfloat16, 128, 128)
+    q = torch.randn(0, 1, 8, 128, device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(4, 16, 2, 128, device=DEV, dtype=torch.bfloat16)
+    vc = kc.clone()
+    k = torch.randn(0, 1, 2, 128, device=DEV, dtype=torch.bfloat16)
+    before = kc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, k, k.clone(), cache_seqlens=0,
+                                       page_table=torch.zeros(0, 4, dtype=I32, device=DEV), return_softmax_lse=True)
+    assert out.shape == (0, 1, 8, 128) and lse.shape == (0, 8, 1)
+    assert torch.equal(_bits(kc), _bits(before)) and torch.equal(_bits(vc), _bits(before))
+
+
+def test_paged_scheduler_metadata():
+    """get_scheduler_metadata takes page_size (FlashAttention-3's argument): the plan depends on the
+    shapes only, so it equals the contiguous cache's plan of the same capacity, and passing it
+    gives the bits of passing its values."""
+    p = _paged_simple(sq=1, s_new=1, page_size=64, hq=16, hkv=2)
+    lg = p.logical
+    args = (BATCH, 1, p.capacity, 16, 2, 128, lg.cache_seqlens, torch.bfloat16)
+    md = get_scheduler_metadata(*args, page_size=64, max_seqlen_k_new=1, causal=True)
+    assert md.tolist() == get_scheduler_metadata(*args, max_seqlen_k_new=1, causal=True).tolist()
+    ns, pack = md.tolist()
+    a = p.run(scheduler_metadata=md)
+    b = p.run(num_splits=ns, pack_gqa=bool(pack))
+    for x, y in zip(a, b):
+        assert torch.equal(_bits(x), _bits(y))
+    p.check(p.reference(), *a, f"scheduler_metadata={md.tolist()}")
+
+
+def test_paged_cuda_graph():
+    """A paged decode step captured once and replayed with new q / k / v, cache_seqlens and a new
+    page_table (another permutation of the pool): page_table is read on the device."""
+    p = _paged_simple(sq=1, s_new=1, hq=16, hkv=2, page_size=16, rows=256)
+    lg = p.logical
+    kc, vc = p.k_pool.clone(), p.v_pool.clone()
+    q, k, v = lg.q.clone(), lg.k.clone(), lg.v.clone()
+    seqlens, pt = lg.cache_seqlens.clone(), p.page_table.clone()
+
+    def step():
+        return flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=lg.rotary_cos, rotary_sin=lg.rotary_sin,
+                                       cache_seqlens=seqlens, page_table=pt, causal=True, return_softmax_lse=True)
+    g, (out, lse) = _graph_capture(step)
+    for it in range(3):
+        n = _paged_simple(sq=1, s_new=1, hq=16, hkv=2, page_size=16, rows=256, seed=200 + it)
+        n.logical.rotary_cos, n.logical.rotary_sin = lg.rotary_cos, lg.rotary_sin
+        for dst, src in ((q, n.logical.q), (k, n.logical.k), (v, n.logical.v), (seqlens, n.logical.cache_seqlens),
+                         (pt, n.page_table), (kc, n.k_pool), (vc, n.v_pool)):
+            dst.copy_(src)
+        ref = n.reference()
+        g.replay()
+        torch.cuda.synchronize()
+        n.check(ref, out, lse, kc, vc, f"replay {it}")
+
+
+def test_paged_compile():
+    """torch.compile(fullgraph=True) with a page table (the fake implementation takes it; the pools
+    mutated in place through the graph): the bits of eager."""
+    p = _paged_simple(sq=4, s_new=2, page_size=16)
+    lg = p.logical
+
+    def f(q, kc, vc, k, v, seqlens, pt, cos, sin):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+                                       page_table=pt, causal=True, return_softmax_lse=True)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, dynamic=False)
+    rest = (lg.cache_seqlens, p.page_table, lg.rotary_cos, lg.rotary_sin)
+    kc1, vc1, kc2, vc2 = p.k_pool.clone(), p.v_pool.clone(), p.k_pool.clone(), p.v_pool.clone()
+    want = f(lg.q, kc1, vc1, lg.k, lg.v, *rest)
+    got = cf(lg.q, kc2, vc2, lg.k, lg.v, *rest)
+    assert torch.equal(_bits(got[0]), _bits(want[0])) and torch.equal(_bits(got[1]), _bits(want[1]))
+    assert got[1].stride() == want[1].stride()
+    _assert_bitwise("k pool (compiled)", kc2, kc1)
+    _assert_bitwise("v pool (compiled)", vc2, vc1)
+
+
+@pytest.mark.parametrize("new_rows", [False, True])
+def test_paged_opcheck(new_rows):
+    """The schema with page_table (after cache_leftpad, FlashAttention-3's order), the fake
+    implementation against the real kernel, autograd registration, AOT dispatch."""
+    p = _paged_simple(sq=4, s_new=3 if new_rows else 0, rotary=(False, 0.5) if new_rows else None, page_size=16)
+    lg = p.logical
+    args = (lg.q, p.k_pool.clone(), p.v_pool.clone(), lg.k, lg.v, lg.rotary_cos, lg.rotary_sin, lg.cache_seqlens,
+            None, None, p.page_table, None, None, True, -1, -1, 0.0, lg.rotary_interleaved, 0, -1)
+    torch.library.opcheck(torch.ops.flash3.fwd_kvcache.default, args)
+
+
+def _paged_err_problem():
+    return _paged_simple(d=128, sq=2, s_new=3, hq=8, hkv=2, page_size=16, rows=64)
+
+
+def _pset(**changes):
+    """A paged error case: the good paged call with some arguments replaced (values may be
+    functions of the PagedProblem)."""
+    def make(p):
+        kw = dict(p.kwargs(), k=p.logical.k, v=p.logical.v)
+        for name, val in changes.items():
+            kw[name] = val(p) if callable(val) else val
+        return kw
+    return make
+
+
+PAGED_ERRORS = {
+    # name: (make kwargs, exception, substrings of the message)
+    "page_table_int64": (_pset(page_table=lambda p: p.page_table.long()), TypeError,
+                         ["page_table.dtype", "torch.int64", "torch.int32"]),
+    "page_table_cpu": (_pset(page_table=lambda p: p.page_table.cpu()), ValueError, ["page_table", "CUDA"]),
+    "page_table_1d": (_pset(page_table=lambda p: p.page_table[0]), ValueError, ["page_table", "2-d"]),
+    "page_table_3d": (_pset(page_table=lambda p: p.page_table[:, :, None]), ValueError, ["page_table", "2-d"]),
+    "page_table_batch": (_pset(page_table=lambda p: p.page_table[:2]), ValueError,
+                         ["page_table.shape[0] is 2", "expected 3"]),
+    "page_table_stride1": (_pset(page_table=lambda p: torch.stack([p.page_table, p.page_table], -1)[..., 0]),
+                           ValueError, ["page_table.stride(1) is 2", "expected 1"]),
+    "page_table_rows_overlap": (_pset(page_table=lambda p: p.page_table[:1].expand(BATCH, -1)), ValueError,
+                                ["page_table.stride(0) is 0"]),
+    "page_table_no_pages": (_pset(page_table=lambda p: p.page_table[:, :0]), ValueError, ["page_table.shape[1]"]),
+    "page_table_with_cache_batch_idx": (_pset(cache_batch_idx=lambda p: torch.arange(BATCH, dtype=I32, device=DEV)),
+                                        NotImplementedError, ["page_table", "cache_batch_idx"]),
+    "page_table_with_cache_leftpad": (_pset(cache_leftpad=lambda p: torch.zeros(BATCH, dtype=I32, device=DEV)),
+                                      NotImplementedError, ["page_table", "cache_leftpad"]),
+    "page_table_with_softcap": (_pset(softcap=5.0), NotImplementedError, ["page_table", "softcap"]),
+    "page_table_new_rows_past_capacity": (
+        _pset(k=lambda p: torch.zeros(BATCH, 65, 2, 128, dtype=p.logical.dtype, device=DEV),
+              v=lambda p: torch.zeros(BATCH, 65, 2, 128, dtype=p.logical.dtype, device=DEV),
+              rotary_cos=None, rotary_sin=None),
+        ValueError, ["k.shape[1] (seqlen_new) is 65", "max_num_pages_per_seq * page_size", "= 64"]),
+    "page_table_rotary_short": (_pset(rotary_cos=lambda p: p.logical.rotary_cos[:63],
+                                      rotary_sin=lambda p: p.logical.rotary_sin[:63]),
+                                ValueError, ["rotary_cos.shape[0] (seqlen_ro) is 63", "= 64"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PAGED_ERRORS), ids=list(PAGED_ERRORS))
+def test_paged_bad_argument_raises(case):
+    """Raised before anything is launched or written, naming page_table (or the argument at fault)."""
+    make, exc, words = PAGED_ERRORS[case]
+    p = _paged_err_problem()
+    kw = make(p)
+    kc, vc = p.k_pool.clone(), p.v_pool.clone()
+    with pytest.raises(exc) as ei:
+        flash_attn_with_kvcache(p.logical.q, kc, vc, **kw)
+    _assert_message(ei.value, words)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(kc), _bits(p.k_pool)) and torch.equal(_bits(vc), _bits(p.v_pool)), "pool written"
+
+
+def test_paged_page_table_on_another_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    p = _paged_err_problem()
+    with pytest.raises(ValueError) as ei:
+        flash_attn_with_kvcache(p.logical.q, p.k_pool.clone(), p.v_pool.clone(),
+                                **dict(_pset()(p), page_table=p.page_table.to("cuda:1")))
+    _assert_message(ei.value, ["page_table is on device 'cuda:1'", "q is on device"])
+
+
+def test_paged_pool_sliced_along_page_rows():
+    """Pages must be one stride apart (page_size * row stride): a pool sliced along its rows is not."""
+    p = _paged_err_problem()
+    kc = torch.cat([p.k_pool, p.k_pool], 1)[:, :16]
+    vc = torch.cat([p.v_pool, p.v_pool], 1)[:, :16]
+    with pytest.raises(ValueError) as ei:
+        flash_attn_with_kvcache(p.logical.q, kc, vc, **_pset()(p))
+    _assert_message(ei.value, ["k_cache.stride(0) (num_pages)", "page_size * row stride"])
+
+
+@pytest.mark.parametrize("case", ["page_table_int64", "page_table_1d", "page_table_stride1",
+                                  "page_table_with_cache_batch_idx", "page_table_new_rows_past_capacity"])
+def test_paged_bad_argument_raises_under_compile(case):
+    """The fake implementation raises what the eager op raises (torch.compile wraps the error)."""
+    make, exc, words = PAGED_ERRORS[case]
+    p = _paged_err_problem()
+    kw = make(p)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, kc, vc: flash_attn_with_kvcache(q, kc, vc, **kw), fullgraph=True, dynamic=False)
+    with pytest.raises(Exception) as ei:
+        f(p.logical.q, p.k_pool.clone(), p.v_pool.clone())
+    e = ei.value
+    chain = [e]
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    assert any(isinstance(x, exc) for x in chain) or f"{exc.__name__}(" in str(e), f"{type(e).__name__}: {e}"
+    for w in words:
+        assert w in str(e), f"message lacks {w!r}: {e}"

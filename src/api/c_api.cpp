@@ -208,13 +208,33 @@ flash3_status forward_impl(const char* where, const flash3_tensor* q, const flas
   }
 }
 
-// flash3_kvcache_args -> KVCacheArgs (NULL tensors: absent).
+// sizeof() of the flash3_kvcache_args layout before the paged-KV fields (the
+// struct ending at rotary_seqlens). That layout holds only uint32_t / int32_t
+// and pointers, so its alignment is a pointer's and its size (rotary_seqlens's
+// end, a pointer's end) has no trailing padding; page_table, a pointer too,
+// starts right there. So offsetof(page_table) is exactly that layout's sizeof
+// (112 on LP64, 60 on ILP32), whatever the alignment of the int64_t appended
+// after it, and is smaller than this header's sizeof: the two accepted
+// struct_size values never coincide.
+constexpr size_t kPrePagedKVCacheArgsSize = offsetof(flash3_kvcache_args, page_table);
+static_assert(kPrePagedKVCacheArgsSize == offsetof(flash3_kvcache_args, rotary_seqlens) + sizeof(const int32_t*),
+              "page_table must follow rotary_seqlens with no padding between them");
+static_assert(kPrePagedKVCacheArgsSize % alignof(const int32_t*) == 0,
+              "the pre-paged layout ends at a pointer boundary (no trailing padding)");
+static_assert(kPrePagedKVCacheArgsSize < sizeof(flash3_kvcache_args),
+              "the pre-paged layout's size must differ from this header's");
+
+// flash3_kvcache_args -> KVCacheArgs (NULL tensors: absent). struct_size is
+// this header's sizeof or the pre-paged layout's, whose callers get no
+// page_table (contiguous caches).
 flash3::Status kvcache_args(const flash3_kvcache_args* c, const flash3_options* opts, flash3::KVCacheArgs* a) {
   if (c == nullptr) return flash3::Status::Invalid("args is NULL; expected a flash3_kvcache_args");
-  if (c->struct_size != sizeof(flash3_kvcache_args))
+  const bool has_paged = c->struct_size == sizeof(flash3_kvcache_args);
+  if (!has_paged && c->struct_size != kPrePagedKVCacheArgsSize)
     return flash3::Status::Invalid("args->struct_size is " + std::to_string(c->struct_size) + "; expected " +
                                    std::to_string(sizeof(flash3_kvcache_args)) +
-                                   " (sizeof(flash3_kvcache_args)): initialise with flash3_default_kvcache_args()");
+                                   " (sizeof(flash3_kvcache_args)) or " + std::to_string(kPrePagedKVCacheArgsSize) +
+                                   " (the layout before page_table): initialise with flash3_default_kvcache_args()");
   const struct {
     const flash3_tensor* t;
     const char* name;
@@ -237,6 +257,14 @@ flash3::Status kvcache_args(const flash3_kvcache_args* c, const flash3_options* 
   a->cache_batch_idx = c->cache_batch_idx;
   a->cache_leftpad = c->cache_leftpad;
   a->rotary_seqlens = c->rotary_seqlens;
+  // Only a struct of this header's size has the paged fields; the older one
+  // ends before them (its bytes there are not the caller's) and keeps
+  // KVCacheArgs' defaults: no page table.
+  if (has_paged) {
+    a->page_table = c->page_table;
+    a->page_table_batch_stride = c->page_table_batch_stride;
+    a->page_table_max_pages = c->page_table_max_pages;
+  }
   return to_options(opts, &a->opts);
 }
 
@@ -350,7 +378,7 @@ flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_parti
 
 flash3_kvcache_args flash3_default_kvcache_args(void) {
   flash3_kvcache_args a;
-  std::memset(&a, 0, sizeof(a));
+  std::memset(&a, 0, sizeof(a));  // every pointer NULL (page_table too), page_table_* 0
   a.struct_size = sizeof(flash3_kvcache_args);
   a.rotary_interleaved = 1;
   return a;

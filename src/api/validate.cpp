@@ -1121,6 +1121,47 @@ TensorView rows_view(const TensorView& t) {
   return r;
 }
 
+// Rows a sequence's cache can hold: s_cache, or for a paged cache
+// page_table_max_pages x page_size (int64: checked against int32 below).
+int64_t kvcache_capacity(const KVCacheArgs& a) {
+  if (a.page_table == nullptr) return a.k_cache.shape[1];
+  return int64_t(std::max(a.page_table_max_pages, 0)) * a.k_cache.shape[1];
+}
+
+std::string capacity_label(const KVCacheArgs& a) {
+  if (a.page_table == nullptr) return std::to_string(a.k_cache.shape[1]) + " = k_cache.shape[1] (seqlen_cache)";
+  return std::to_string(kvcache_capacity(a)) + " = page_table_max_pages (" + std::to_string(a.page_table_max_pages) +
+         ") x k_cache.shape[1] (page_size, " + std::to_string(a.k_cache.shape[1]) + ")";
+}
+
+// Paged caches: the table's shape and what the paged kernels do not combine with.
+Status check_page_table(const KVCacheArgs& a) {
+  if (a.page_table == nullptr) return Status::Ok();
+  if (a.cache_batch_idx != nullptr)
+    return Status::NotSupported("page_table together with cache_batch_idx; a paged cache addresses sequences through "
+                                "page_table rows (pass cache_batch_idx = null)");
+  if (a.cache_leftpad != nullptr)
+    return Status::NotSupported("page_table together with cache_leftpad; a paged cache's sequences start at row 0 "
+                                "(pass cache_leftpad = null)");
+  if (a.opts.softcap != 0.f)
+    return Status::NotSupported("page_table with softcap " + std::to_string(a.opts.softcap) +
+                                "; the paged kernels (the packgqa units) have no softcap yet");
+  if (a.page_table_max_pages < 1)
+    return Status::Invalid("page_table_max_pages is " + std::to_string(a.page_table_max_pages) +
+                           "; expected >= 1 (page_table.shape[1])");
+  if (a.q.shape[0] > 1 && a.page_table_batch_stride < a.page_table_max_pages)
+    return Status::Invalid("page_table_batch_stride is " + std::to_string(a.page_table_batch_stride) +
+                           "; expected >= page_table_max_pages (" + std::to_string(a.page_table_max_pages) +
+                           "): row b of page_table starts b x page_table_batch_stride elements in");
+  if (a.k_cache.shape[1] < 1)
+    return Status::Invalid("k_cache.shape[1] (page_size) is 0; expected >= 1 with page_table");
+  if (kvcache_capacity(a) > std::numeric_limits<int32_t>::max())
+    return Status::Invalid("page_table_max_pages (" + std::to_string(a.page_table_max_pages) + ") x page_size (" +
+                           std::to_string(a.k_cache.shape[1]) + ") is " + std::to_string(kvcache_capacity(a)) +
+                           " rows; expected <= 2147483647 (int32 row positions)");
+  return check_int_array("page_table", a.page_table);
+}
+
 // The attention of a structurally valid call as varlen ForwardArgs (no
 // cu_seqlens; the sequences come from FwdParams' kv_cache fields).
 ForwardArgs kvcache_attention_args(const KVCacheArgs& a) {
@@ -1142,7 +1183,7 @@ ForwardArgs kvcache_attention_args(const KVCacheArgs& a) {
   f.opts = a.opts;
   f.opts.num_sequences = static_cast<int>(a.q.shape[0]);
   f.opts.max_seqlen_q = static_cast<int>(std::max<int64_t>(a.q.shape[1], 1));
-  f.opts.max_seqlen_k = static_cast<int>(std::max<int64_t>(a.k_cache.shape[1], 1));
+  f.opts.max_seqlen_k = static_cast<int>(std::max<int64_t>(kvcache_capacity(a), 1));
   f.workspace = a.workspace;
   f.workspace_bytes = a.workspace_bytes;
   return f;
@@ -1179,7 +1220,10 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
   if (hq < 1 || hkv < 1 || hq % hkv != 0)
     return Status::Invalid("q.shape[2] (num_heads_q) is " + std::to_string(hq) + " and k_cache.shape[2] (num_heads_kv) " +
                            std::to_string(hkv) + "; expected both >= 1 and num_heads_q % num_heads_kv == 0 (GQA/MQA)");
-  if (a.cache_batch_idx == nullptr && bc < b)
+  FLASH3_RETURN_IF_ERROR(check_page_table(a));
+  const bool paged = a.page_table != nullptr;
+  const int64_t capacity = kvcache_capacity(a);
+  if (!paged && a.cache_batch_idx == nullptr && bc < b)
     return Status::Invalid("k_cache.shape[0] (batch_cache) is " + std::to_string(bc) + " and q.shape[0] (batch) " +
                            std::to_string(b) + "; expected batch_cache >= batch when cache_batch_idx is null "
                            "(sequence b reads cache entry b)");
@@ -1215,10 +1259,9 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
     FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 3, dv, "to match v_cache.shape[3] (head_dim_v)"));
     FLASH3_RETURN_IF_ERROR(check_layout(kn, false));
     FLASH3_RETURN_IF_ERROR(check_layout(vn, false));
-    if (sn > sc)
+    if (sn > capacity)
       return Status::Invalid("k_new.shape[1] (seqlen_new) is " + std::to_string(sn) + "; expected <= " +
-                             std::to_string(sc) + " = k_cache.shape[1] (seqlen_cache): the cache is too small "
-                             "for the new rows");
+                             capacity_label(a) + ": the cache is too small for the new rows");
     if (a.cache_seqlens == nullptr)
       return Status::Invalid("k_new is set but cache_seqlens is null; expected cache_seqlens (where the new rows go)");
     // The caches are written: they must not share memory with what is read.
@@ -1256,10 +1299,10 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
     FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 0, a.rotary_cos.shape[0],
                                         "to match rotary_cos"));
     FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 1, half, "to match rotary_cos"));
-    if (a.rotary_cos.shape[0] < sc)
+    if (a.rotary_cos.shape[0] < capacity)
       return Status::Invalid("rotary_cos.shape[0] (seqlen_ro) is " + std::to_string(a.rotary_cos.shape[0]) +
-                             "; expected >= " + std::to_string(sc) + " = k_cache.shape[1] (seqlen_cache): a position "
-                             "in the cache needs its row of the tables");
+                             "; expected >= " + capacity_label(a) + ": a position in the cache needs its row of "
+                             "the tables");
   }
   if (a.rotary_seqlens != nullptr && !has_cos)
     return Status::Invalid("rotary_seqlens is set but rotary_cos / rotary_sin are not; expected the rotary tables");
@@ -1325,6 +1368,7 @@ Status check_kvcache_device(const KVCacheArgs& a) {
                                 {"cache_batch_idx", a.cache_batch_idx},
                                 {"cache_leftpad", a.cache_leftpad},
                                 {"rotary_seqlens", a.rotary_seqlens},
+                                {"page_table", a.page_table},
                                 {"workspace", a.workspace}});
 }
 
@@ -1333,6 +1377,11 @@ Status validate_kvcache(const KVCacheArgs& args) {
   if (kvcache_is_empty(args)) return Status::Ok();
   FLASH3_RETURN_IF_ERROR(check_kernel_built(true, args.q.dtype, static_cast<int>(args.q.shape[3]),
                                             static_cast<int>(args.v_cache.shape[3]), args.opts.softcap));
+  if (args.page_table != nullptr &&
+      !fwd_pack_kernel_built(args.q.dtype, static_cast<int>(args.q.shape[3]), static_cast<int>(args.v_cache.shape[3])))
+    return Status::NotSupported(std::string("page_table: paged caches run in the forward's packgqa unit, which is not "
+                                            "built for dtype ") + dtype_name(args.q.dtype) + ", head_dim " +
+                                std::to_string(args.q.shape[3]) + " (build with FLASH3_FEATURES containing packgqa)");
   if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_kvcache_device(args));
   return Status::Ok();
 }
@@ -1343,8 +1392,13 @@ FwdParams make_kvcache_fwd_params(const KVCacheArgs& args) {
   p.seqused_k = args.cache_seqlens;
   p.kv_batch_idx = args.cache_batch_idx;
   p.leftpad_k = args.cache_leftpad;
-  p.kv_rows_per_batch = static_cast<int>(args.k_cache.shape[1]);
+  p.kv_rows_per_batch = static_cast<int>(kvcache_capacity(args));
   p.seqlen_k_new = args.k_new.defined() ? static_cast<int>(args.k_new.shape[1]) : 0;
+  if (args.page_table != nullptr) {
+    p.page_table = args.page_table;
+    p.page_table_batch_stride = args.page_table_batch_stride;
+    p.page_size = static_cast<int>(args.k_cache.shape[1]);
+  }
   return p;
 }
 
@@ -1364,7 +1418,17 @@ AppendKVParams make_append_params(const KVCacheArgs& a) {
   p.vc_row_stride = lowered_stride(a.v_cache, 1);
   p.vc_head_stride = lowered_stride(a.v_cache, 2);
   p.cache_batches = static_cast<int>(a.k_cache.shape[0]);
-  p.cache_rows = static_cast<int>(a.k_cache.shape[1]);
+  p.cache_rows = static_cast<int>(kvcache_capacity(a));
+  if (a.page_table != nullptr) {
+    p.page_table = a.page_table;
+    p.page_table_batch_stride = a.page_table_batch_stride;
+    p.page_size = static_cast<int>(a.k_cache.shape[1]);
+    // Pool rows one stride apart (the (num_pages, page_size) rows merge; with
+    // page_size 1 that stride is the page stride, not the size-1 dimension's).
+    p.kc_row_stride = rows_view(a.k_cache).stride[0];
+    p.vc_row_stride = rows_view(a.v_cache).stride[0];
+    p.kc_batch_stride = p.vc_batch_stride = 0;
+  }
   p.cache_seqlens = a.cache_seqlens;
   p.cache_batch_idx = a.cache_batch_idx;
   if (a.k_new.defined()) {

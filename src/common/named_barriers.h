@@ -22,6 +22,10 @@ enum class FwdBarrier : int {
   kPackedQWG1 = 4,
   kPackedQWG2 = 5,
   kPackedQWG3 = 6,
+  // Paged KV: the producer warpgroup's 128 threads have each issued their
+  // share of a stage's cp.async gather (and its deferred mbarrier arrival)
+  // before thread 0 makes the stage's one plain arrival (FwdMainloop::load_paged).
+  kPagedKVProducer = 7,
 };
 
 // Backward (seed 7.4.1). Ids are reused from the forward's: a kernel is one or the other.

@@ -61,6 +61,14 @@ struct FwdParams {
   const int* leftpad_k = nullptr;
   int kv_rows_per_batch = 0;
   int seqlen_k_new = 0;
+  // Paged KV (KVCacheArgs::page_table): k / v are page pools of page_size
+  // rows (k_row_stride apart, pages page_size rows apart), sequence b's row r
+  // in page page_table[b * page_table_batch_stride + r / page_size];
+  // kv_rows_per_batch is the capacity (max pages x page_size). The packed
+  // varlen kernels gather such tiles (FwdMainloop::load_paged).
+  const int* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;
+  int page_size = 0;
 
   // Mask, normalised: causal is local with (left=-1 -> unbounded, right=0).
   bool is_causal = false;

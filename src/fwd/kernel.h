@@ -1,6 +1,8 @@
 // The forward kernel: shared memory, pipelines and warp roles only
 // (mainloop, epilogue and scheduler do the work).
-//   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA)
+//   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA;
+//                    KV-cache launches without the prep kernel: all 128
+//                    threads gather K/V with cp.async)
 //   warpgroups 1..N: consumers, 64 query rows each (setmaxnreg up)
 // Single-tile CTAs run one tile; persistent CTAs (Traits::kPersistent) loop
 // over tiles with the K/V pipeline states, barrier_q's phase and the pingpong
@@ -41,10 +43,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   WorkTile varlen_tile{};
   MaskSpec varlen_mask{};
   if constexpr (Traits::kVarlen) {
-    varlen_tile = VarlenTileScheduler::tile(params.varlen);
-    if (varlen_tile.m_block < 0) return;
+    SeqlenInfo si;
+    if (FwdMainloop<Traits>::gathers_kv(params)) {
+      // KV-cache launch without the prep kernel: the grid is the tile map.
+      varlen_tile = KVCacheTileScheduler::tile(params.num_m_blocks, Traits::Mask::kHasRight);
+      si = FwdMainloop<Traits>::kv_seq_info(params, varlen_tile.batch);
+    } else {
+      varlen_tile = VarlenTileScheduler::tile(params.varlen);
+      if (varlen_tile.m_block < 0) return;
+      si = params.varlen.seqs[varlen_tile.batch];
+    }
     if constexpr (Traits::kSplit) varlen_tile = split_work_tile(varlen_tile, params.num_splits);
-    const SeqlenInfo si = params.varlen.seqs[varlen_tile.batch];
     varlen_mask = params.mask;
     varlen_mask.seqlen_q = si.seqlen_q;
     varlen_mask.seqlen_k = si.seqlen_k;
@@ -122,7 +131,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
 
   if (warp_group_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp_idx == 0 && lane == 0) {
+    // Gathered K/V (kv_direct): the whole producer warpgroup loads.
+    if ((warp_idx == 0 && lane == 0) || FwdMainloop<Traits>::gathers_kv(params)) {
       PipelineState write = cutlass::make_producer_start_state<MainloopPipeline>();
       if constexpr (kDynamic) {
         // n: this CTA's tile count so far. The consumers release

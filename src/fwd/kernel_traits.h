@@ -7,6 +7,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/seqlen.h"
+#include "common/varlen.h"
 #include "config/tile_size.h"
 #include "fusion/mask.h"
 #include "fusion/score_mod.h"
@@ -49,6 +50,12 @@ struct FwdTraits {
   // Params::num_splits > 1 each (tile, split) CTA visits its share of the KV
   // range and writes fp32 partial O and LSE for the combine kernel.
   static constexpr bool kSplit = kPackGQA;
+  // The KV-cache launches (forward_kvcache) run the varlen packed kernels,
+  // where Params::kv_direct is a run-time option: no prep kernel, the tiles
+  // from the grid, each sequence's rows computed in the kernel, and K/V
+  // gathered by the producer warpgroup (FwdMainloop::load_gathered), which
+  // is also how paged caches (Params::page_table) are read.
+  static constexpr bool kPagedKV = kVarlen && kPackGQA;
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -205,6 +212,18 @@ struct FwdTraits {
     float* lse_partial;
     int64_t op_split_stride, op_batch_stride, op_row_stride;  // head stride d_v
     int64_t lp_split_stride, lp_batch_stride, lp_head_stride;  // row stride 1
+    // kv_direct launches (kPagedKV kernels; false otherwise): the caches'
+    // sequences (common/varlen.h's KV-cache layout), the caches, and for a
+    // paged cache the page table (null otherwise): pages page_size rows
+    // apart, sequence b's row of the table at page_table + b * page_table_batch_stride.
+    bool kv_direct;
+    VarlenSeqs kv_seqs;
+    const Element* k_ptr;
+    const Element* v_ptr;
+    int64_t k_row_stride, k_head_stride, v_row_stride, v_head_stride;
+    const int* page_table;
+    int64_t page_table_batch_stride;
+    cutlass::FastDivmod page_divmod;  // page_size rows per page
   };
   using Params = std::conditional_t<kPackGQA, PackGQAParams, ModParams>;
 };

@@ -42,6 +42,9 @@ struct FwdMainloop {
                                   MainloopPipeline& pipeline_v, WorkTile tile, MaskSpec const& mask,
                                   NBlockRange range, PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
+    if constexpr (Traits::kPagedKV) {
+      if (gathers_kv(params)) return load_gathered(params, ss, tile, mask, range, write);
+    }
     const int head_kv = kv_head(params, tile);
     // Fixed length: the launch's tensor maps, batch as the last coordinate.
     // Varlen: the sequence's own maps (batch extent 1), whose row extents end
@@ -121,8 +124,140 @@ struct FwdMainloop {
         copy(params.tma_load_q.with(bar_q, 0), tQgQ, tQsQ);
       }
     }
+    // (The first K is issued: Q's load goes between it and the rest.)
+    issue_kv_loads(range, write, load_k, load_v, 1);
+  }
+
+  // ------------------------------------------------ gathering producer
+  // KV-cache launches without the prep kernel (Params::kv_direct: contiguous
+  // or paged caches): no per-sequence tensor maps, so the producer warpgroup
+  // gathers K/V itself (load_gathered).
+  CUTLASS_DEVICE static bool gathers_kv(Params const& params) {
+    if constexpr (Traits::kPagedKV) {
+      return params.kv_direct;
+    } else {
+      return false;
+    }
+  }
+
+  // A KV-cache sequence's rows (kv_direct launches), computed where needed
+  // instead of read from the prep kernel's table.
+  CUTLASS_DEVICE static SeqlenInfo kv_seq_info(Params const& params, int batch) {
+    if constexpr (Traits::kPagedKV) {
+      return varlen_seq_info(params.kv_seqs, batch);
+    } else {
+      return SeqlenInfo{};
+    }
+  }
+
+  // One K or V tile into stage sX (kBlockN x kD) by the 128 producer threads
+  // (tid = threadIdx.x). Warp w fills rows [w * kBlockN / 4, + kBlockN / 4):
+  // lane l first finds the cache row of the warp's row l (row first_row + r
+  // of the cache, or with a page table, pt being the sequence's row of it,
+  // row r % page_size of page pt[r / page_size]; -1 at or past seqlen_k),
+  // then the warp copies its rows in 16-byte cp.async pieces, 32 consecutive
+  // pieces per instruction (whole rows: coalesced), each piece's cache row
+  // taken from its lane by a shuffle. So each thread does one table lookup
+  // per tile and then issues its copies back to back (a lookup per piece,
+  // each gating its copy, ran the decode rows at a quarter of the TMA
+  // bandwidth). Rows past the sequence are zero-filled: the mask sets their
+  // scores to -inf, and a zero V row keeps P = 0 times stale data (NaN, Inf)
+  // out of O.
+  template <int kD, class SmemTile>
+  CUTLASS_DEVICE static void gather_tile(Params const& params, SmemTile sX, const Element* base, int64_t row_stride,
+                                         const int* pt, int first_row, int n_block, int seqlen_k, int tid) {
+    using Vec = cute::uint128_t;
+    constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
+    constexpr int kVecsPerRow = kD / kVec;
+    constexpr int kRowsPerWarp = kBlockN / 4;
+    constexpr int kPieces = kRowsPerWarp * kVecsPerRow;  // per warp
+    static_assert(kD % kVec == 0, "K/V rows are copied in 16-byte pieces");
+    static_assert(kBlockN % 4 == 0 && kRowsPerWarp <= 32, "a warp's rows are looked up one per lane");
+    const int warp = tid / 32, lane = tid % 32;
+    const int warp_row0 = warp * kRowsPerWarp;
+    int cache_row = -1;
+    {
+      const int row = n_block * kBlockN + warp_row0 + lane;
+      if (lane < kRowsPerWarp && row < seqlen_k) {
+        if (pt != nullptr) {
+          int page_idx, in_page;
+          params.page_divmod(page_idx, in_page, row);
+          cache_row = __ldg(pt + page_idx) * params.page_divmod.divisor + in_page;
+        } else {
+          cache_row = first_row + row;
+        }
+      }
+    }
+    // Not unrolled: the producer runs at 24 registers (setmaxnreg), and the
+    // unrolled loop spilled there (about 1.2 KB at d = 128; 12-36 B at 2 pieces per trip).
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 0; j < (kPieces + 31) / 32; ++j) {
+      const int piece = j * 32 + lane;
+      const int r = piece / kVecsPerRow, c = piece % kVecsPerRow;
+      const int src_row = __shfl_sync(0xffffffff, cache_row, r % 32);
+      if (piece < kPieces) {
+        const bool valid = src_row >= 0;
+        const Element* src = valid ? base + int64_t(src_row) * row_stride + c * kVec : base;
+        // 16-byte pieces stay contiguous under every WGMMA smem swizzle (its unit is 16 bytes).
+        Vec& dst = *reinterpret_cast<Vec*>(&sX(warp_row0 + r, c * kVec));
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<Vec>::copy(*reinterpret_cast<const Vec*>(src), dst, valid);
+      }
+    }
+  }
+
+  // The TMA loop's order and stages with the tiles gathered instead. The
+  // stage's full barrier expects one arrival and no transaction bytes: each
+  // thread's cp.async.mbarrier.arrive adds a pending arrival that completes
+  // with its copies, the named barrier orders all 128 of those before thread
+  // 0's plain arrival, so the phase flips only once every piece has landed.
+  // (The pipelines' producer_acquire would also expect TMA bytes: the
+  // barriers are used directly.)
+  CUTLASS_DEVICE static void load_gathered(Params const& params, SharedStorage& ss, WorkTile tile,
+                                           MaskSpec const& mask, NBlockRange range, PipelineState& write) {
+    const int tid = threadIdx.x;
+    const int head_kv = kv_head(params, tile);
+    const int* pt = nullptr;
+    int first_row = 0;
+    if (params.page_table != nullptr) {
+      pt = params.page_table + int64_t(tile.batch) * params.page_table_batch_stride;
+    } else {
+      first_row = kv_seq_info(params, tile.batch).offset_k;
+    }
+    const Element* k_base = params.k_ptr + int64_t(head_kv) * params.k_head_stride;
+    const Element* v_base = params.v_ptr + int64_t(head_kv) * params.v_head_stride;
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    auto load_stage = [&](auto& storage, PipelineState const& st, auto fill) {
+      storage.empty_barrier_[st.index()].wait(st.phase());
+      fill(st.index());
+      auto& full = storage.full_barrier_[st.index()];
+      cutlass::arch::cpasync_barrier_arrive(reinterpret_cast<uint64_t const*>(&full));
+      named_barrier_sync(128, FwdBarrier::kPagedKVProducer);
+      if (tid == 0) full.arrive();
+    };
+    auto load_k = [&](int n_block, PipelineState const& st) {
+      load_stage(ss.pipeline_k, st, [&](int stage) {
+        gather_tile<Traits::kHeadDim>(params, sK(_, _, stage), k_base, params.k_row_stride, pt, first_row, n_block,
+                                      mask.seqlen_k, tid);
+      });
+    };
+    auto load_v = [&](int n_block, PipelineState const& st) {
+      load_stage(ss.pipeline_v, st, [&](int stage) {
+        gather_tile<Traits::kHeadDimV>(params, sV(_, _, stage), v_base, params.v_row_stride, pt, first_row, n_block,
+                                       mask.seqlen_k, tid);
+      });
+    };
+    issue_kv_loads(range, write, load_k, load_v);
+  }
+
+  // The K/V load order of one tile: K(j) before V(j + 1), as the overlapped
+  // consumers read them (else K(j), V(j)); write advances past the tile.
+  template <class LoadK, class LoadV>
+  CUTLASS_DEVICE static void issue_kv_loads(NBlockRange range, PipelineState& write, LoadK&& load_k,
+                                            LoadV&& load_v, int n_block_first_k_done = 0) {
+    int n_block = range.n_max - 1;
+    if (!n_block_first_k_done) load_k(n_block, write);
     if constexpr (Traits::kIntraWGOverlap) {
-      // Consumption order is K(j), V(j+1): issue loads in that order.
       for (; n_block > range.n_min; --n_block) {
         PipelineState prev = write;
         ++write;
@@ -142,6 +277,14 @@ struct FwdMainloop {
   }
 
   // ---------------------------------------------------------------- consumer
+  // Waits for a K/V stage. Gathered stages were written by cp.async (generic
+  // proxy), which the WGMMAs read through the async proxy: a proxy fence
+  // after the wait orders them (TMA stages need none).
+  CUTLASS_DEVICE static void wait_kv(Params const& params, MainloopPipeline& pipeline, PipelineState const& st) {
+    pipeline.consumer_wait(st);
+    if (gathers_kv(params)) cutlass::arch::fence_view_async_shared();
+  }
+
   // Pingpong: the warpgroup owns the tensor-core issue turn between sync and arrive.
   CUTLASS_DEVICE static void scheduler_sync(int wg) {
     if constexpr (Traits::kPingpong) {
@@ -205,6 +348,7 @@ struct FwdMainloop {
   CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, WorkTile tile, int64_t batch_stride,
                                                   int64_t row_stride) {
     if constexpr (Traits::kVarlen) {
+      if (gathers_kv(params)) return int64_t(tile.batch) * params.kv_seqs.fixed_seqlen_q * row_stride;
       return int64_t(params.varlen.seqs[tile.batch].offset_q) * row_stride;
     } else {
       return int64_t(tile.batch) * batch_stride;
@@ -311,7 +455,7 @@ struct FwdMainloop {
 
     // First (half) block: GEMM0 + softmax, with the sequence-tail and full mask.
     {
-      pipeline_k.consumer_wait(read);
+      wait_kv(params, pipeline_k, read);
       scheduler_sync(wg);
       SFrag tSrS;
       wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -326,7 +470,7 @@ struct FwdMainloop {
         to_p(tSrS);
       } else {
         to_p(tSrS);
-        pipeline_v.consumer_wait(read);
+        wait_kv(params, pipeline_v, read);
         wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
         pipeline_v.consumer_release(read);
         ++read;
@@ -339,7 +483,7 @@ struct FwdMainloop {
       if constexpr (Traits::kIntraWGOverlap) {
         PipelineState read_v = read;  // V lags K by one block
         ++read;
-        pipeline_k.consumer_wait(read);
+        wait_kv(params, pipeline_k, read);
         scheduler_sync(wg);
         SFrag tSrS;
         wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -347,7 +491,7 @@ struct FwdMainloop {
           Tensor o = rowcol(tOrO);
           if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         }
-        pipeline_v.consumer_wait(read_v);
+        wait_kv(params, pipeline_v, read_v);
         wgmma_gemm<false, -1>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         scheduler_arrive(wg);
         warpgroup_wait<1>();  // S ready; the PV GEMM may still run
@@ -364,7 +508,7 @@ struct FwdMainloop {
           if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         }
       } else {
-        pipeline_k.consumer_wait(read);
+        wait_kv(params, pipeline_k, read);
         scheduler_sync(wg);
         SFrag tSrS;
         wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -378,7 +522,7 @@ struct FwdMainloop {
         Tensor o = rowcol(tOrO);
         if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
         to_p(tSrS);
-        pipeline_v.consumer_wait(read);
+        wait_kv(params, pipeline_v, read);
         wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
         pipeline_v.consumer_release(read);
         ++read;
@@ -409,7 +553,7 @@ struct FwdMainloop {
         Tensor o = rowcol(tOrO);
         if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
       }
-      pipeline_v.consumer_wait(read);
+      wait_kv(params, pipeline_v, read);
       wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
       pipeline_v.consumer_release(read);
       ++read;  // (the non-overlapped loop has already advanced it)

@@ -196,11 +196,18 @@ __global__ void __launch_bounds__(kThreads)
       const int cache_len = max(p.cache_seqlens[b], 0);
       const int64_t dst_row = int64_t(cache_len) + i;
       if (dst_row >= p.cache_rows) continue;  // dropped: past the cache's end
-      const int entry = min(max(p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, 0), p.cache_batches - 1);
+      // The cache row: (entry, dst_row), or for a paged cache (0, the row in the pool).
+      int64_t entry = min(max(p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, 0), p.cache_batches - 1);
+      int64_t cache_row = dst_row;
+      if (p.page_table != nullptr) {
+        const int page = p.page_table[b * p.page_table_batch_stride + dst_row / p.page_size];
+        cache_row = int64_t(page) * p.page_size + dst_row % p.page_size;
+        entry = 0;
+      }
       if (is_k) {
         const T* src = static_cast<const T*>(p.k_new) + b * p.kn_batch_stride + i * p.kn_row_stride +
                        h * p.kn_head_stride;
-        T* dst = static_cast<T*>(p.k_cache) + entry * p.kc_batch_stride + dst_row * p.kc_row_stride +
+        T* dst = static_cast<T*>(p.k_cache) + entry * p.kc_batch_stride + cache_row * p.kc_row_stride +
                  h * p.kc_head_stride;
         const T *cos_row = nullptr, *sin_row = nullptr;
         if (rot.dim > 0) {
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
       } else {
         const T* src = static_cast<const T*>(p.v_new) + b * p.vn_batch_stride + i * p.vn_row_stride +
                        h * p.vn_head_stride;
-        T* dst = static_cast<T*>(p.v_cache) + entry * p.vc_batch_stride + dst_row * p.vc_row_stride +
+        T* dst = static_cast<T*>(p.v_cache) + entry * p.vc_batch_stride + cache_row * p.vc_row_stride +
                  h * p.vc_head_stride;
         rotate_chunk(src, dst, c, copy, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr));
       }
@@ -281,6 +288,8 @@ Status launch_append_kv(const AppendKVParams& p, cudaStream_t stream) {
                  p.cache_seqlens == nullptr || p.cache_batches <= 0))
     return internal("appending needs k_new, v_new, both caches, cache_seqlens and cache_batches > 0");
   if (rotate_q && p.q == nullptr) return internal("q_out without q");
+  if (append && p.page_table != nullptr && (p.page_size <= 0 || p.cache_batch_idx != nullptr))
+    return internal("a paged cache needs page_size > 0 and no cache_batch_idx");
   if (p.rotary_dim > 0 && p.seqlen_ro > 0 && (p.rotary_cos == nullptr || p.rotary_sin == nullptr))
     return internal("rotary_dim > 0 without the cos / sin tables");
 

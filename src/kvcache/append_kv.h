@@ -46,6 +46,14 @@ struct AppendKVParams {
   const int* cache_seqlens = nullptr;    // required when seqlen_new > 0
   const int* cache_batch_idx = nullptr;  // optional
 
+  // Paged caches (page_table not null; cache_batch_idx null): the caches are
+  // page pools, cache_rows the capacity of a sequence, and its row r lives in
+  // page page_table[b * page_table_batch_stride + r / page_size] at row r %
+  // page_size (rows kc_row_stride apart, pages page_size rows apart).
+  const int* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;
+  int page_size = 0;
+
   // Rotary (rotary_dim 0: off). Tables (seqlen_ro, rotary_dim / 2) in dtype,
   // unit stride in the last dim. Position of new row i: pos_b + i with pos_b
   // = rotary_seqlens[b] if given, else cache_seqlens[b] (0 when null).

@@ -143,11 +143,12 @@ static Status not_built(const char* pass, const FwdParams& p) {
 
 Status launch_forward(const FwdParams& params, cudaStream_t stream) {
   // The packed unit takes the decisions resolved (each made once per call):
-  // pack_gqa 1 (P = g) or 0 (P = 1), num_splits >= 1.
+  // pack_gqa 1 (P = g) or 0 (P = 1), num_splits >= 1. Paged caches are
+  // gathered only there (FwdTraits::kPagedKV), packed or not.
   FwdParams resolved = params;
   resolved.pack_gqa = fwd_pack_gqa(params) ? 1 : 0;
   resolved.num_splits = fwd_num_splits(params);
-  if (resolved.pack_gqa == 1 || resolved.num_splits > 1) {
+  if (resolved.pack_gqa == 1 || resolved.num_splits > 1 || params.page_table != nullptr) {
 #define FLASH3_FWD(E, T, D, DV, SM)
 #define FLASH3_BWD(E, T, D, DV, SM)
 #define FLASH3_FWD_PACKGQA(E, T, D, DV)                                                     \
@@ -158,6 +159,7 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream) {
 #undef FLASH3_FWD
 #undef FLASH3_BWD
 #undef FLASH3_FWD_PACKGQA
+    if (params.page_table != nullptr) return not_built("paged-KV (packgqa) forward", params);
   }
   const ScoreModKind mod = score_mod_kind(params);
 #define FLASH3_FWD(E, T, D, DV, SM)                                                                            \

@@ -99,6 +99,22 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
     kp.o_head_stride = p.o_head_stride;
     kp.o_batch_stride = p.o_batch_stride;
     kp.pack_divmod = cutlass::FastDivmod(pack);
+    // kv_direct stays off here (launch_fwd_kvcache_direct turns it on).
+    kp.kv_direct = false;
+    kp.page_table = nullptr;
+    if constexpr (Traits::kPagedKV) {
+      kp.k_ptr = static_cast<Element const*>(p.k);
+      kp.v_ptr = static_cast<Element const*>(p.v);
+      kp.k_row_stride = p.k_row_stride;
+      kp.k_head_stride = p.k_head_stride;
+      kp.v_row_stride = p.v_row_stride;
+      kp.v_head_stride = p.v_head_stride;
+      if (p.page_table != nullptr) {
+        kp.page_table = p.page_table;
+        kp.page_table_batch_stride = p.page_table_batch_stride;
+        kp.page_divmod = cutlass::FastDivmod(p.page_size);
+      }
+    }
   }
   // The score modifier's scales (identity: the plain softmax_scale pair).
   const ScoreModScales sc =
@@ -236,12 +252,43 @@ inline FwdParams varlen_as_one_batch(const FwdParams& p) {
   return w;
 }
 
+// KV-cache forward without the prep kernel (paged caches): every sequence
+// has max_seqlen_q query rows, so the grid is the tile map
+// (KVCacheTileScheduler); each CTA computes its sequence's rows
+// (varlen_seq_info) and the producer warpgroup gathers K/V
+// (FwdMainloop::load_gathered), so no tensor maps are needed. The split
+// partials start at the workspace's base.
+template <class Traits>
+Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
+  static_assert(Traits::kPagedKV, "the packed varlen kernels gather K/V");
+  typename Traits::Params kp{};
+  FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
+  kp.tile_order = -1;
+  kp.batch = p.batch;
+  kp.kv_direct = true;
+  kp.kv_seqs = varlen_seqs_of(p);
+  const int64_t rows = int64_t(p.max_seqlen_q) * kp.pack_divmod.divisor;
+  const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_blocks * p.batch > int64_t(INT32_MAX)) return Status::Invalid("kvcache: more than 2^31 query tiles");
+  kp.num_m_blocks = int(m_blocks);
+  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, 0));
+  constexpr auto kernel = &flash_fwd_kernel<Traits, KVCacheTileScheduler>;
+  FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>(
+      "flash3 forward kernel launch", KVCacheTileScheduler::grid(kp.num_m_blocks, p.batch, kp.tile_heads),
+      dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp, static_cast<int*>(nullptr)));
+  if constexpr (Traits::kSplit) return combine_split_partials<Traits>(p, kp, stream);  // (rows of one batch: no seqs)
+  return Status::Ok();
+}
+
 // Variable-length forward: the prep kernel (per-sequence info, tensor maps
 // and tile map, all on the device), then the attention kernel over the tile
 // map's upper bound, on one stream; both use the call's workspace.
 template <class Traits>
 Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   static_assert(Traits::kVarlen && !Traits::kPersistent, "varlen runs one tile per CTA");
+  if constexpr (Traits::kPagedKV) {
+    if (p.kv_cache && p.page_table != nullptr) return launch_fwd_kvcache_direct<Traits>(p, stream);
+  }
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
   kp.tile_order = -1;

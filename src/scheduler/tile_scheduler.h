@@ -135,6 +135,21 @@ struct DynamicLptTileScheduler : PersistentTileScheduler {
 // Varlen: gridDim.x indexes the tile map (an upper bound of the tile count:
 // entries past the last tile have m_block < 0 and their CTAs exit at once),
 // gridDim.y the query heads, so the CTAs of a wave share a head's K / V.
+// KV-cache launches without a tile map (every sequence has the same query
+// rows): blockIdx.x = batch x num_m_blocks, each sequence's tiles together
+// (longest_first: its last query tile, the longest under a causal mask,
+// first), blockIdx.y the head (x splits).
+struct KVCacheTileScheduler {
+  static constexpr bool kDynamic = false;
+  static dim3 grid(int num_m_blocks, int batch, int heads) {
+    return dim3(unsigned(int64_t(num_m_blocks) * batch), unsigned(heads), 1);
+  }
+  CUTLASS_DEVICE static WorkTile tile(int num_m_blocks, bool longest_first) {
+    const int b = int(blockIdx.x) / num_m_blocks, m = int(blockIdx.x) % num_m_blocks;
+    return {longest_first ? num_m_blocks - 1 - m : m, int(blockIdx.y), b};
+  }
+};
+
 struct VarlenTileScheduler {
   static constexpr bool kDynamic = false;
   static dim3 grid(int tiles_bound, int heads) { return dim3(unsigned(tiles_bound), unsigned(heads), 1); }

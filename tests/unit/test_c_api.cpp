@@ -439,6 +439,144 @@ TEST_F(CApi, WorkspaceSize) {
   EXPECT_EQ(flash3_backward_workspace_size(nullptr, nullptr, nullptr, nullptr), 0u);
 }
 
+// flash3_kvcache_args: b sequences of sq 1, hq 8, hkv 2, d 64, bf16, over a cache of 2 x 256 rows
+// (a pool of 2 pages of 256 rows when page_table is set); cache_seqlens set.
+struct KVCache {
+  flash3_tensor q, k_cache, v_cache, out;
+  flash3_kvcache_args args = flash3_default_kvcache_args();
+
+  explicit KVCache(int64_t b = 2)
+      : q(tensor(0x1000000, FLASH3_BF16, 4, {b, 1, 8, 64})),
+        k_cache(tensor(0x2000000, FLASH3_BF16, 4, {2, 256, 2, 64})),
+        v_cache(tensor(0x3000000, FLASH3_BF16, 4, {2, 256, 2, 64})),
+        out(tensor(0x4000000, FLASH3_BF16, 4, {b, 1, 8, 64})) {
+    args.q = &q;
+    args.k_cache = &k_cache;
+    args.v_cache = &v_cache;
+    args.out = &out;
+    args.cache_seqlens = reinterpret_cast<const int32_t*>(0x6000000);
+  }
+  KVCache(const KVCache&) = delete;  // args points into it
+  KVCache& operator=(const KVCache&) = delete;
+
+  // A (b, 4) page table, rows 4 entries apart.
+  void page() {
+    args.page_table = reinterpret_cast<const int32_t*>(0x6000200);
+    args.page_table_batch_stride = 4;
+    args.page_table_max_pages = 4;
+  }
+  flash3_status run() const { return flash3_forward_kvcache(&args, nullptr, nullptr, 0, nullptr); }
+};
+
+const int32_t* fake_int32(uintptr_t addr) { return reinterpret_cast<const int32_t*>(addr); }
+
+// The layout before the paged-KV fields, which ended at rotary_seqlens.
+constexpr uint32_t kPrePagedKVCacheArgsSize = static_cast<uint32_t>(offsetof(flash3_kvcache_args, page_table));
+
+TEST_F(CApi, KVCachePagedFieldsAreAppended) {
+  EXPECT_EQ(offsetof(flash3_kvcache_args, rotary_seqlens) + sizeof(const int32_t*),
+            offsetof(flash3_kvcache_args, page_table));
+  EXPECT_LT(offsetof(flash3_kvcache_args, page_table_max_pages), sizeof(flash3_kvcache_args));
+  // The older layout's sizeof: it ended at a pointer (no trailing padding).
+  EXPECT_EQ(kPrePagedKVCacheArgsSize % alignof(const int32_t*), 0u);
+  const flash3_kvcache_args d = flash3_default_kvcache_args();
+  EXPECT_EQ(d.struct_size, sizeof(flash3_kvcache_args));
+  EXPECT_EQ(d.page_table, nullptr);
+  EXPECT_EQ(d.page_table_batch_stride, 0);
+  EXPECT_EQ(d.page_table_max_pages, 0);
+}
+
+TEST_F(CApi, KVCacheOlderStructSizeIsAccepted) {
+  // An empty batch: validated, nothing to launch on any build.
+  KVCache e(0);
+  e.args.cache_batch_idx = fake_int32(0x6000100);
+  EXPECT_EQ(e.run(), FLASH3_OK) << last_error();
+  e.page();  // page_table with cache_batch_idx: not supported, from this header's struct
+  EXPECT_NE(e.run(), FLASH3_OK);
+  EXPECT_TRUE(contains(last_error(), "page_table")) << last_error();
+  // A caller built against the older header: the bytes past its struct_size (here the same
+  // page_table) are not read, so the call is a contiguous one again.
+  e.args.struct_size = kPrePagedKVCacheArgsSize;
+  EXPECT_EQ(e.run(), FLASH3_OK) << last_error();
+
+  // A full batch from the older struct: validated as a contiguous cache (an error elsewhere
+  // keeps anything from being launched), page_table never mentioned.
+  KVCache f;
+  f.page();
+  f.args.cache_batch_idx = fake_int32(0x6000100);
+  f.args.struct_size = kPrePagedKVCacheArgsSize;
+  f.out.dtype = FLASH3_FP16;
+  EXPECT_EQ(f.run(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "out.dtype")) << last_error();
+  EXPECT_FALSE(contains(last_error(), "page_table")) << last_error();
+  EXPECT_FALSE(contains(last_error(), "struct_size")) << last_error();
+
+  // The workspace query reads the same fields: the older struct gets the contiguous answer.
+  KVCache w;
+  const size_t contiguous = flash3_kvcache_workspace_size(&w.args, nullptr);
+  EXPECT_GT(contiguous, 0u);  // the per-sequence maps of the lowered varlen attention
+  w.page();
+  w.args.cache_batch_idx = fake_int32(0x6000100);
+  EXPECT_EQ(flash3_kvcache_workspace_size(&w.args, nullptr), 0u);  // paged with cache_batch_idx: malformed
+  w.args.struct_size = kPrePagedKVCacheArgsSize;
+  EXPECT_EQ(flash3_kvcache_workspace_size(&w.args, nullptr), contiguous);
+
+  // Other sizes stay rejected, naming both accepted ones.
+  for (uint32_t bad : {0u, 8u, kPrePagedKVCacheArgsSize - 8, kPrePagedKVCacheArgsSize + 4,
+                       static_cast<uint32_t>(sizeof(flash3_kvcache_args)) + 8}) {
+    KVCache b(0);
+    b.args.struct_size = bad;
+    EXPECT_EQ(b.run(), FLASH3_INVALID_ARGUMENT) << bad;
+    const std::string want = "args->struct_size is " + std::to_string(bad) + "; expected " +
+                             std::to_string(sizeof(flash3_kvcache_args));
+    EXPECT_TRUE(contains(last_error(), want.c_str())) << last_error();
+    EXPECT_TRUE(contains(last_error(), std::to_string(kPrePagedKVCacheArgsSize).c_str())) << last_error();
+    EXPECT_EQ(flash3_kvcache_workspace_size(&b.args, nullptr), 0u) << bad;
+  }
+}
+
+TEST_F(CApi, KVCachePageTableReachesValidation) {
+  // The three paged fields reach flash3::forward_kvcache's checks (each call below is invalid,
+  // so nothing is launched on any build).
+  {
+    KVCache f;
+    f.page();
+    f.args.cache_batch_idx = fake_int32(0x6000100);
+    EXPECT_NE(f.run(), FLASH3_OK);
+    EXPECT_TRUE(contains(last_error(), "page_table") && contains(last_error(), "cache_batch_idx")) << last_error();
+    EXPECT_TRUE(contains(last_error(), "flash3_forward_kvcache")) << last_error();
+  }
+  {
+    KVCache f;
+    f.page();
+    f.args.cache_leftpad = fake_int32(0x6000100);
+    EXPECT_NE(f.run(), FLASH3_OK);
+    EXPECT_TRUE(contains(last_error(), "page_table") && contains(last_error(), "cache_leftpad")) << last_error();
+  }
+  {
+    KVCache f;
+    f.page();
+    f.args.page_table_max_pages = 0;  // no room at all
+    EXPECT_NE(f.run(), FLASH3_OK);
+    EXPECT_TRUE(contains(last_error(), "page_table")) << last_error();
+  }
+  {
+    KVCache f;
+    f.page();
+    f.args.page_table_batch_stride = 1;  // rows of the table overlapping, with 2 sequences
+    EXPECT_NE(f.run(), FLASH3_OK);
+    EXPECT_TRUE(contains(last_error(), "page_table")) << last_error();
+  }
+  {
+    KVCache f;
+    f.page();
+    flash3_options o = flash3_default_options();
+    o.softcap = 5.f;
+    EXPECT_NE(flash3_forward_kvcache(&f.args, &o, nullptr, 0, nullptr), FLASH3_OK);
+    EXPECT_TRUE(contains(last_error(), "page_table")) << last_error();
+  }
+}
+
 TEST_F(CApi, LastErrorIsThreadLocalAndKept) {
   Fwd f;
   f.k.dtype = FLASH3_FP16;

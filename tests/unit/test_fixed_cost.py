@@ -101,14 +101,28 @@ class Modes(unittest.TestCase):
 
     def test_kvcache_args_layout(self):
         # flash3_kvcache_args (flash3_c.h): struct_size, rotary_interleaved, nine tensor
-        # pointers, four int32 array pointers.
+        # pointers, four int32 array pointers, then the paged-KV fields (page_table pointer,
+        # int64 page_table_batch_stride, int32 page_table_max_pages). The mirror must have this
+        # header's size: flash3_default_kvcache_args() returns the struct by value and sets
+        # struct_size to sizeof(flash3_kvcache_args), so a shorter mirror would be overrun.
         import ctypes
+        ptr = ctypes.sizeof(ctypes.c_void_p)
         f = [n for n, _ in bench.F3KVCacheArgs._fields_]
         self.assertEqual(f[:2], ["struct_size", "rotary_interleaved"])
         self.assertEqual(f[2:11], ["q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "out",
                                    "lse"])
-        self.assertEqual(f[11:], ["cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens"])
-        self.assertEqual(ctypes.sizeof(bench.F3KVCacheArgs), 8 + 13 * ctypes.sizeof(ctypes.c_void_p))
+        self.assertEqual(f[11:15], ["cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens"])
+        self.assertEqual(f[15:], ["page_table", "page_table_batch_stride", "page_table_max_pages"])
+        types = dict(bench.F3KVCacheArgs._fields_)
+        self.assertEqual(ctypes.sizeof(types["page_table_batch_stride"]), 8)
+        self.assertEqual(ctypes.sizeof(types["page_table_max_pages"]), 4)
+        # page_table right after rotary_seqlens: its offset is the sizeof of the layout before the
+        # paged fields (8 + 13 pointers), the other struct_size the library accepts.
+        self.assertEqual(bench.F3KVCacheArgs.page_table.offset, 8 + 13 * ptr)
+        self.assertEqual(bench.F3KVCacheArgs.page_table_batch_stride.offset, 8 + 14 * ptr)
+        end = 8 + 14 * ptr + 8 + 4
+        align = max(ptr, ctypes.alignment(ctypes.c_int64))
+        self.assertEqual(ctypes.sizeof(bench.F3KVCacheArgs), (end + align - 1) // align * align)
 
 
 class CsvRoundTrip(unittest.TestCase):

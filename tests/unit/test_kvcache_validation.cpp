@@ -1,9 +1,11 @@
 // CPU tests of forward_kvcache's host layer: check_kvcache_structure() (every
 // bad argument rejected with a message naming it), the lowering to the varlen
 // attention params and the append params, forward_plan(), and the C ABI's
-// flash3_kvcache_args. Fake, aligned device addresses; nothing is launched.
+// flash3_kvcache_args; the same for paged caches (page_table). Fake, aligned
+// device addresses; nothing is launched.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -195,6 +197,237 @@ TEST(KVCacheValidation, CAbiStructSize) {
   EXPECT_NE(std::string(flash3_last_error()).find("struct_size"), std::string::npos);
   EXPECT_NE(flash3_forward_kvcache(nullptr, nullptr, nullptr, 0, nullptr), FLASH3_OK);
   EXPECT_EQ(flash3_kvcache_workspace_size(nullptr, nullptr), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Paged caches (page_table).
+// ---------------------------------------------------------------------------
+
+// make_args() with a paged cache: pools of 10 pages of 64 rows, 4 pages per
+// sequence (capacity 256, make_args' s_cache, so its 5 new rows and 256-row
+// rotary tables fit), table rows 4 entries apart; no cache_batch_idx /
+// cache_leftpad (not supported with pages).
+KVCacheArgs make_paged_args() {
+  KVCacheArgs a = make_args();
+  a.k_cache = t4(0x1000000, 10, 64, 2, 128);
+  a.v_cache = t4(0x2000000, 10, 64, 2, 128);
+  a.cache_batch_idx = nullptr;
+  a.cache_leftpad = nullptr;
+  a.page_table = fake_int(0x6000400);
+  a.page_table_batch_stride = 4;
+  a.page_table_max_pages = 4;
+  return a;
+}
+
+// make_paged_args() with one sequence (b 1).
+KVCacheArgs make_paged_args_b1() {
+  KVCacheArgs a = make_paged_args();
+  a.q = t4(0x100000, 1, 3, 8, 128);
+  a.out = t4(0x4000000, 1, 3, 8, 128);
+  a.k_new = t4(0x3000000, 1, 5, 2, 128);
+  a.v_new = t4(0x3100000, 1, 5, 2, 128);
+  a.lse = TensorView::make4d(fake(0x5000000), DType::kFloat32, 1, 8, 3, 1, 3, 3, 1, 1);
+  a.lse.ndim = 3;
+  return a;
+}
+
+TEST(KVCacheValidation, PagedValidArgsPass) {
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(make_paged_args())));
+  struct Case {
+    const char* what;
+    void (*edit)(KVCacheArgs&);
+  };
+  const Case cases[] = {
+      {"more new rows than a page holds (within the capacity)", [](KVCacheArgs& a) {
+         a.k_new = t4(0x3000000, 2, 100, 2, 128);
+         a.v_new = t4(0x3100000, 2, 100, 2, 128);
+       }},
+      {"new rows filling the capacity", [](KVCacheArgs& a) {
+         a.k_new = t4(0x3000000, 2, 256, 2, 128);
+         a.v_new = t4(0x3100000, 2, 256, 2, 128);
+       }},
+      {"fewer pages than sequences", [](KVCacheArgs& a) {
+         a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
+       }},
+      {"page size 3 (not a power of two), capacity 258", [](KVCacheArgs& a) {
+         a.k_cache = t4(0x1000000, 200, 3, 2, 128);
+         a.v_cache = t4(0x2000000, 200, 3, 2, 128);
+         a.page_table_max_pages = 86;
+         a.page_table_batch_stride = 86;
+         a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 258;
+       }},
+      {"page size 1", [](KVCacheArgs& a) {
+         a.k_cache = t4(0x1000000, 600, 1, 2, 128);
+         a.v_cache = t4(0x2000000, 600, 1, 2, 128);
+         a.page_table_max_pages = 256;
+         a.page_table_batch_stride = 256;
+       }},
+      {"padded table rows", [](KVCacheArgs& a) { a.page_table_batch_stride = 7; }},
+      {"rotary tables longer than the capacity", [](KVCacheArgs& a) {
+         a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 1000;
+       }},
+      {"no append, no cache_seqlens (every sequence full)", [](KVCacheArgs& a) {
+         a.k_new = a.v_new = a.rotary_cos = a.rotary_sin = TensorView{};
+         a.cache_seqlens = nullptr;
+       }},
+      {"page_table_* ignored without page_table", [](KVCacheArgs& a) {
+         a = make_args();
+         a.page_table_max_pages = -1;
+         a.page_table_batch_stride = -5;
+       }},
+  };
+  for (const Case& c : cases) {
+    KVCacheArgs a = make_paged_args();
+    c.edit(a);
+    EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(a))) << c.what;
+  }
+  // One sequence: the batch stride is never used.
+  KVCacheArgs one = make_paged_args_b1();
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(one)));
+  one.page_table_batch_stride = 0;
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(one))) << "b 1, page_table_batch_stride 0";
+}
+
+TEST(KVCacheValidation, PagedRejections) {
+  struct Case {
+    const char* what;
+    void (*edit)(KVCacheArgs&);
+    StatusCode code;
+    std::initializer_list<std::string> subs;
+  };
+  const Case cases[] = {
+      {"with cache_batch_idx", [](KVCacheArgs& a) { a.cache_batch_idx = fake_int(0x6000100); },
+       StatusCode::kNotSupported, {"page_table", "cache_batch_idx"}},
+      {"with cache_leftpad", [](KVCacheArgs& a) { a.cache_leftpad = fake_int(0x6000200); },
+       StatusCode::kNotSupported, {"page_table", "cache_leftpad"}},
+      {"with softcap", [](KVCacheArgs& a) { a.opts.softcap = 30.f; }, StatusCode::kNotSupported, {"softcap"}},
+      {"max pages 0", [](KVCacheArgs& a) { a.page_table_max_pages = 0; }, StatusCode::kInvalidArgument,
+       {"page_table_max_pages"}},
+      {"max pages negative", [](KVCacheArgs& a) {
+         a.page_table_max_pages = -3;
+       }, StatusCode::kInvalidArgument, {"page_table_max_pages"}},
+      {"table rows overlap", [](KVCacheArgs& a) { a.page_table_batch_stride = 3; }, StatusCode::kInvalidArgument,
+       {"page_table_batch_stride"}},
+      {"table rows at stride 0", [](KVCacheArgs& a) { a.page_table_batch_stride = 0; },
+       StatusCode::kInvalidArgument, {"page_table_batch_stride"}},
+      {"unaligned page_table", [](KVCacheArgs& a) { a.page_table = fake_int(0x6000402); },
+       StatusCode::kInvalidArgument, {"page_table", "aligned"}},
+      {"page size 0", [](KVCacheArgs& a) { a.k_cache.shape[1] = a.v_cache.shape[1] = 0; },
+       StatusCode::kInvalidArgument, {"page_size"}},
+      {"capacity past int32", [](KVCacheArgs& a) {
+         // 2^25 pages of 64 rows: 2^31 rows. No rotary (its tables would be too short first).
+         a.rotary_cos = a.rotary_sin = TensorView{};
+         a.page_table_max_pages = 1 << 25;
+         a.page_table_batch_stride = int64_t(1) << 25;
+       }, StatusCode::kInvalidArgument, {"page_table_max_pages"}},
+      {"new rows past the capacity", [](KVCacheArgs& a) {
+         a.k_new = t4(0x3000000, 2, 257, 2, 128);
+         a.v_new = t4(0x3100000, 2, 257, 2, 128);
+       }, StatusCode::kInvalidArgument, {"seqlen_new"}},
+      {"rotary tables one row short of the capacity", [](KVCacheArgs& a) {
+         a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 255;
+       }, StatusCode::kInvalidArgument, {"seqlen_ro"}},
+      {"rotary tables of one page's rows", [](KVCacheArgs& a) {
+         a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 64;
+       }, StatusCode::kInvalidArgument, {"seqlen_ro"}},
+  };
+  for (const Case& c : cases) {
+    KVCacheArgs a = make_paged_args();
+    c.edit(a);
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), c.code, c.subs)) << c.what;
+  }
+  // The pages checks hold for one sequence too, except the batch stride's.
+  KVCacheArgs one = make_paged_args_b1();
+  one.page_table_max_pages = 0;
+  EXPECT_TRUE(IsError(flash3::check_kvcache_structure(one), StatusCode::kInvalidArgument, {"page_table_max_pages"}))
+      << "b 1, max pages 0";
+}
+
+// The lowering carries the table, the page size and the capacity (in place
+// of s_cache) to the attention and the append; contiguous calls get none.
+TEST(KVCacheValidation, PagedLowering) {
+  const KVCacheArgs a = make_paged_args();
+  const flash3::FwdParams p = flash3::make_kvcache_fwd_params(a);
+  EXPECT_TRUE(p.kv_cache);
+  EXPECT_EQ(p.page_table, a.page_table);
+  EXPECT_EQ(p.page_table_batch_stride, 4);
+  EXPECT_EQ(p.page_size, 64);
+  EXPECT_EQ(p.kv_rows_per_batch, 256);
+  EXPECT_EQ(p.max_seqlen_k, 256);
+  EXPECT_EQ(p.seqlen_k_new, 5);
+  EXPECT_EQ(p.seqused_k, a.cache_seqlens);
+  EXPECT_EQ(p.kv_batch_idx, nullptr);
+  EXPECT_EQ(p.leftpad_k, nullptr);
+  EXPECT_EQ(p.k_row_stride, 2 * 128);
+  const flash3::AppendKVParams ap = flash3::make_append_params(a);
+  EXPECT_EQ(ap.page_table, a.page_table);
+  EXPECT_EQ(ap.page_table_batch_stride, 4);
+  EXPECT_EQ(ap.page_size, 64);
+  EXPECT_EQ(ap.cache_rows, 256);
+  EXPECT_EQ(ap.kc_row_stride, 2 * 128);
+  EXPECT_EQ(ap.seqlen_new, 5);
+  EXPECT_EQ(ap.seqlen_ro, 256);
+  EXPECT_EQ(ap.cache_batch_idx, nullptr);
+  // Page size 3, 86 pages: capacity 258.
+  KVCacheArgs odd = make_paged_args();
+  odd.k_cache = t4(0x1000000, 200, 3, 2, 128);
+  odd.v_cache = t4(0x2000000, 200, 3, 2, 128);
+  odd.page_table_max_pages = odd.page_table_batch_stride = 86;
+  EXPECT_EQ(flash3::make_kvcache_fwd_params(odd).kv_rows_per_batch, 258);
+  EXPECT_EQ(flash3::make_kvcache_fwd_params(odd).page_size, 3);
+  EXPECT_EQ(flash3::make_append_params(odd).cache_rows, 258);
+  // Contiguous.
+  const flash3::FwdParams c = flash3::make_kvcache_fwd_params(make_args());
+  EXPECT_EQ(c.page_table, nullptr);
+  EXPECT_EQ(c.page_size, 0);
+  EXPECT_EQ(flash3::make_append_params(make_args()).page_table, nullptr);
+}
+
+// The C ABI: flash3_default_kvcache_args() has no page table; the paged
+// fields reach validation; a struct_size of the layout before them (callers
+// built against the older header) is accepted and reads no paged fields.
+TEST(KVCacheValidation, CAbiPagedFields) {
+  flash3_kvcache_args c = flash3_default_kvcache_args();
+  EXPECT_EQ(c.page_table, nullptr);
+  EXPECT_EQ(c.page_table_batch_stride, 0);
+  EXPECT_EQ(c.page_table_max_pages, 0);
+  const auto tensor = [](uintptr_t p, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    flash3_tensor t{};
+    t.data = fake(p);
+    t.dtype = FLASH3_BF16;
+    t.ndim = 4;
+    const int64_t sh[4] = {s0, s1, s2, s3};
+    int64_t st = 1;
+    for (int i = 3; i >= 0; --i) {
+      t.shape[i] = sh[i];
+      t.stride[i] = st;
+      st *= sh[i];
+    }
+    return t;
+  };
+  // b 2, one pool page of 64 rows (fine paged; too few entries for a
+  // contiguous cache), page_table unaligned.
+  const flash3_tensor q = tensor(0x100000, 2, 3, 8, 128), kc = tensor(0x1000000, 1, 64, 2, 128),
+                      vc = tensor(0x2000000, 1, 64, 2, 128), out = tensor(0x4000000, 2, 3, 8, 128);
+  c.q = &q;
+  c.k_cache = &kc;
+  c.v_cache = &vc;
+  c.out = &out;
+  c.cache_seqlens = fake_int(0x6000000);
+  c.page_table = fake_int(0x6000402);
+  c.page_table_batch_stride = 4;
+  c.page_table_max_pages = 4;
+  EXPECT_NE(flash3_forward_kvcache(&c, nullptr, nullptr, 0, nullptr), FLASH3_OK);
+  std::string msg = flash3_last_error();
+  EXPECT_NE(msg.find("page_table"), std::string::npos) << msg;
+  EXPECT_EQ(flash3_kvcache_workspace_size(&c, nullptr), 0u);
+  // The older layout: no page table, so the single entry is too few for 2 sequences.
+  c.struct_size = static_cast<uint32_t>(offsetof(flash3_kvcache_args, page_table));
+  EXPECT_NE(flash3_forward_kvcache(&c, nullptr, nullptr, 0, nullptr), FLASH3_OK);
+  msg = flash3_last_error();
+  EXPECT_EQ(msg.find("struct_size"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("page_table"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("batch_cache"), std::string::npos) << msg;
 }
 
 }  // namespace
