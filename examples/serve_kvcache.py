@@ -7,12 +7,15 @@ Per layer of a model (one layer here, random activations instead of a model): a 
 --prompt tokens (keys rotated in the call, GPT-NeoX rotary) and attends causally; each decode step
 appends one token per sequence at cache_seqlens and advances cache_seqlens on the device, so the
 captured graph replays every step with no host work. get_scheduler_metadata pins the split plan
-once (flash3 decides it from shapes only). At the end the last step's output is compared with
+once (flash3 decides it from shapes only). With --page-size P the cache is a paged pool
+(FlashAttention-3's page_table layout): each sequence owns --cache / P pages of P rows, handed out
+in a shuffled order from a shared pool, as a serving engine's allocator would. At the end the
+last step's output is compared with
 fp32 attention over every token's rotated key (the tolerance rule of the tests: error <= 2x that
 of the same math in bf16 + 1e-3).
 
 Usage: python3 examples/serve_kvcache.py [--batch 8] [--prompt 512] [--steps 64] [--cache 4096]
-       [--heads 32] [--kv-heads 8] [--head-dim 128]
+       [--heads 32] [--kv-heads 8] [--head-dim 128] [--page-size 0]
 Exit status: 0 the check passed, 1 it failed.
 """
 import argparse
@@ -55,16 +58,26 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=0, help="> 0: a paged cache with pages of this many rows")
     a = ap.parse_args()
+    if a.page_size > 0 and a.cache % a.page_size:
+        ap.error("--cache must be a multiple of --page-size")
     dev, dt = "cuda", torch.bfloat16
     b, hq, hkv, d = a.batch, a.heads, a.kv_heads, a.head_dim
     gen = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape: torch.randn(shape, device=dev, dtype=dt, generator=gen)  # noqa: E731
-    k_cache = torch.zeros(b, a.cache, hkv, d, device=dev, dtype=dt)
+    kw = dict(rotary_interleaved=False, causal=True)
+    if a.page_size > 0:
+        # A pool of pages; sequence b's row r lives in page page_table[b, r // P] at row r % P.
+        pages = a.cache // a.page_size
+        k_cache = torch.zeros(b * pages, a.page_size, hkv, d, device=dev, dtype=dt)
+        kw["page_table"] = torch.randperm(b * pages, device=dev).to(torch.int32).view(b, pages)
+    else:
+        k_cache = torch.zeros(b, a.cache, hkv, d, device=dev, dtype=dt)
     v_cache = torch.zeros_like(k_cache)
     cos, sin = rotary_tables(a.cache, d, dev, dt)
     cache_seqlens = torch.zeros(b, device=dev, dtype=torch.int32)
-    kw = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False, causal=True)
+    kw.update(rotary_cos=cos, rotary_sin=sin)
 
     # Prefill: every prompt token's key / value appended, the prompt attends causally.
     q0, k0, v0 = rnd(b, a.prompt, hq, d), rnd(b, a.prompt, hkv, d), rnd(b, a.prompt, hkv, d)
@@ -72,7 +85,8 @@ def main():
     cache_seqlens += a.prompt
 
     # Decode: one token per sequence per step; the inputs live in static buffers the graph reads.
-    md = flash3.get_scheduler_metadata(b, 1, a.cache, hq, hkv, d, cache_seqlens, qkv_dtype=dt, causal=True)
+    md = flash3.get_scheduler_metadata(b, 1, a.cache, hq, hkv, d, cache_seqlens, qkv_dtype=dt, causal=True,
+                                       page_size=a.page_size or None)
     q1, k1, v1 = rnd(b, 1, hq, d), rnd(b, 1, hkv, d), rnd(b, 1, hkv, d)
 
     def step():
@@ -104,7 +118,8 @@ def main():
     end.record()
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / a.steps
-    print(f"{a.steps} decode steps, batch {b}, {hq}/{hkv} heads, d {d}: {1e3 * ms:.1f} us per step "
+    layout = f"pages of {a.page_size}" if a.page_size > 0 else "contiguous"
+    print(f"{a.steps} decode steps, batch {b}, {hq}/{hkv} heads, d {d}, {layout} cache: {1e3 * ms:.1f} us per step "
           f"(graph replay incl. the input copies), split plan {md.tolist()}")
 
     # Check the last step: its query over every token so far, keys rotated at their positions.
