@@ -272,7 +272,9 @@ Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
   if (m_blocks * p.batch > int64_t(INT32_MAX)) return Status::Invalid("kvcache: more than 2^31 query tiles");
   kp.num_m_blocks = int(m_blocks);
   if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, 0));
-  constexpr auto kernel = &flash_fwd_kernel<Traits, KVCacheTileScheduler>;
+  // The varlen kernel itself: with kv_direct it takes its tile from
+  // KVCacheTileScheduler's grid at run time (one instantiation serves both).
+  constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
   FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>(
       "flash3 forward kernel launch", KVCacheTileScheduler::grid(kp.num_m_blocks, p.batch, kp.tile_heads),
       dim3(Traits::kNumThreads), Traits::kSmemBytes, stream, kp, static_cast<int*>(nullptr)));

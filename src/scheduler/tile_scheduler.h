@@ -138,9 +138,9 @@ struct DynamicLptTileScheduler : PersistentTileScheduler {
 // KV-cache launches without a tile map (every sequence has the same query
 // rows): blockIdx.x = batch x num_m_blocks, each sequence's tiles together
 // (longest_first: its last query tile, the longest under a causal mask,
-// first), blockIdx.y the head (x splits).
+// first), blockIdx.y the head (x splits). The varlen kernels take it at run
+// time (Params::kv_direct), not as their Scheduler.
 struct KVCacheTileScheduler {
-  static constexpr bool kDynamic = false;
   static dim3 grid(int num_m_blocks, int batch, int heads) {
     return dim3(unsigned(int64_t(num_m_blocks) * batch), unsigned(heads), 1);
   }
