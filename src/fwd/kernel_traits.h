@@ -51,10 +51,10 @@ struct FwdTraits {
   // range and writes fp32 partial O and LSE for the combine kernel.
   static constexpr bool kSplit = kPackGQA;
   // The KV-cache launches (forward_kvcache) run the varlen packed kernels,
-  // where Params::kv_direct is a run-time option: no prep kernel, the tiles
-  // from the grid, each sequence's rows computed in the kernel, and K/V
-  // gathered by the producer warpgroup (FwdMainloop::load_gathered), which
-  // is also how paged caches (Params::page_table) are read.
+  // where Params::kv_direct is a run-time option, taken for paged caches
+  // (Params::page_table): no prep kernel, the tiles from the grid, each
+  // sequence's rows computed in the kernel, and K/V gathered page by page by
+  // the producer warpgroup (FwdMainloop::load_gathered).
   static constexpr bool kPagedKV = kVarlen && kPackGQA;
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
@@ -213,9 +213,9 @@ struct FwdTraits {
     int64_t op_split_stride, op_batch_stride, op_row_stride;  // head stride d_v
     int64_t lp_split_stride, lp_batch_stride, lp_head_stride;  // row stride 1
     // kv_direct launches (kPagedKV kernels; false otherwise): the caches'
-    // sequences (common/varlen.h's KV-cache layout), the caches, and for a
-    // paged cache the page table (null otherwise): pages page_size rows
-    // apart, sequence b's row of the table at page_table + b * page_table_batch_stride.
+    // sequences (common/varlen.h's KV-cache layout), the page pools (rows
+    // k_row_stride apart, pages page_size rows apart) and the page table,
+    // sequence b's row of it at page_table + b * page_table_batch_stride.
     bool kv_direct;
     VarlenSeqs kv_seqs;
     const Element* k_ptr;

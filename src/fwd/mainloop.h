@@ -125,13 +125,13 @@ struct FwdMainloop {
       }
     }
     // (The first K is issued: Q's load goes between it and the rest.)
-    issue_kv_loads(range, write, load_k, load_v, 1);
+    issue_kv_loads(range, write, load_k, load_v, true);
   }
 
   // ------------------------------------------------ gathering producer
-  // KV-cache launches without the prep kernel (Params::kv_direct: contiguous
-  // or paged caches): no per-sequence tensor maps, so the producer warpgroup
-  // gathers K/V itself (load_gathered).
+  // KV-cache launches without the prep kernel (Params::kv_direct: paged
+  // caches): no per-sequence tensor maps, so the producer warpgroup gathers
+  // K/V itself (load_gathered).
   CUTLASS_DEVICE static bool gathers_kv(Params const& params) {
     if constexpr (Traits::kPagedKV) {
       return params.kv_direct;
@@ -152,9 +152,9 @@ struct FwdMainloop {
 
   // One K or V tile into stage sX (kBlockN x kD) by the 128 producer threads
   // (tid = threadIdx.x). Warp w fills rows [w * kBlockN / 4, + kBlockN / 4):
-  // lane l first finds the cache row of the warp's row l (row first_row + r
-  // of the cache, or with a page table, pt being the sequence's row of it,
-  // row r % page_size of page pt[r / page_size]; -1 at or past seqlen_k),
+  // lane l first finds the pool row of the warp's row l (row r of the
+  // sequence is row r % page_size of page pt[r / page_size], pt being the
+  // sequence's row of the page table; -1 at or past seqlen_k),
   // then the warp copies its rows in 16-byte cp.async pieces, 32 consecutive
   // pieces per instruction (whole rows: coalesced), each piece's cache row
   // taken from its lane by a shuffle. So each thread does one table lookup
@@ -165,7 +165,7 @@ struct FwdMainloop {
   // out of O.
   template <int kD, class SmemTile>
   CUTLASS_DEVICE static void gather_tile(Params const& params, SmemTile sX, const Element* base, int64_t row_stride,
-                                         const int* pt, int first_row, int n_block, int seqlen_k, int tid) {
+                                         const int* pt, int n_block, int seqlen_k, int tid) {
     using Vec = cute::uint128_t;
     constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
     constexpr int kVecsPerRow = kD / kVec;
@@ -179,13 +179,9 @@ struct FwdMainloop {
     {
       const int row = n_block * kBlockN + warp_row0 + lane;
       if (lane < kRowsPerWarp && row < seqlen_k) {
-        if (pt != nullptr) {
-          int page_idx, in_page;
-          params.page_divmod(page_idx, in_page, row);
-          cache_row = __ldg(pt + page_idx) * params.page_divmod.divisor + in_page;
-        } else {
-          cache_row = first_row + row;
-        }
+        int page_idx, in_page;
+        params.page_divmod(page_idx, in_page, row);
+        cache_row = __ldg(pt + page_idx) * params.page_divmod.divisor + in_page;
       }
     }
     // Not unrolled: the producer runs at 24 registers (setmaxnreg), and the
@@ -216,13 +212,7 @@ struct FwdMainloop {
                                            MaskSpec const& mask, NBlockRange range, PipelineState& write) {
     const int tid = threadIdx.x;
     const int head_kv = kv_head(params, tile);
-    const int* pt = nullptr;
-    int first_row = 0;
-    if (params.page_table != nullptr) {
-      pt = params.page_table + int64_t(tile.batch) * params.page_table_batch_stride;
-    } else {
-      first_row = kv_seq_info(params, tile.batch).offset_k;
-    }
+    const int* pt = params.page_table + int64_t(tile.batch) * params.page_table_batch_stride;
     const Element* k_base = params.k_ptr + int64_t(head_kv) * params.k_head_stride;
     const Element* v_base = params.v_ptr + int64_t(head_kv) * params.v_head_stride;
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
@@ -237,14 +227,14 @@ struct FwdMainloop {
     };
     auto load_k = [&](int n_block, PipelineState const& st) {
       load_stage(ss.pipeline_k, st, [&](int stage) {
-        gather_tile<Traits::kHeadDim>(params, sK(_, _, stage), k_base, params.k_row_stride, pt, first_row, n_block,
-                                      mask.seqlen_k, tid);
+        gather_tile<Traits::kHeadDim>(params, sK(_, _, stage), k_base, params.k_row_stride, pt, n_block, mask.seqlen_k,
+                                      tid);
       });
     };
     auto load_v = [&](int n_block, PipelineState const& st) {
       load_stage(ss.pipeline_v, st, [&](int stage) {
-        gather_tile<Traits::kHeadDimV>(params, sV(_, _, stage), v_base, params.v_row_stride, pt, first_row, n_block,
-                                       mask.seqlen_k, tid);
+        gather_tile<Traits::kHeadDimV>(params, sV(_, _, stage), v_base, params.v_row_stride, pt, n_block, mask.seqlen_k,
+                                       tid);
       });
     };
     issue_kv_loads(range, write, load_k, load_v);
@@ -254,9 +244,9 @@ struct FwdMainloop {
   // consumers read them (else K(j), V(j)); write advances past the tile.
   template <class LoadK, class LoadV>
   CUTLASS_DEVICE static void issue_kv_loads(NBlockRange range, PipelineState& write, LoadK&& load_k,
-                                            LoadV&& load_v, int n_block_first_k_done = 0) {
+                                            LoadV&& load_v, bool first_k_issued = false) {
     int n_block = range.n_max - 1;
-    if (!n_block_first_k_done) load_k(n_block, write);
+    if (!first_k_issued) load_k(n_block, write);
     if constexpr (Traits::kIntraWGOverlap) {
       for (; n_block > range.n_min; --n_block) {
         PipelineState prev = write;
