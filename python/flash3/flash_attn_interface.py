@@ -157,7 +157,8 @@ def _check_forward_inputs(q, k, v):
                          f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
 
 
-def _check_int32_vector(t, name, q, what):
+def _check_int32_on_q_device(t, name, q, what):
+    """A torch.int32 CUDA tensor on q's device (what: what its values are, for the dtype message)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
@@ -169,6 +170,10 @@ def _check_int32_vector(t, name, q, what):
     if t.dtype != torch.int32:
         raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected torch.int32 ({what}; use "
                         f"{name}.to(torch.int32))")
+
+
+def _check_int32_vector(t, name, q, what):
+    _check_int32_on_q_device(t, name, q, what)
     if t.dim() != 1:
         raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 1-d tensor "
                          f"({what})")
@@ -518,17 +523,7 @@ def _check_page_table(t, q, k_cache, cache_batch_idx, cache_leftpad):
     """The C++ check_page_table: a (batch, max_num_pages_per_seq) torch.int32 tensor on q's device,
     rows contiguous and not overlapping; page_size >= 1; not with cache_batch_idx / cache_leftpad.
     Its values (page indices) are never read here."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"flash3: page_table must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        raise ValueError(f"flash3: page_table must be a CUDA tensor on q's device ({q.device}), but page_table is on "
-                         f"device '{t.device}' (move it with page_table.to(q.device))")
-    if t.device != q.device:
-        raise ValueError(f"flash3: page_table is on device '{t.device}' but q is on device '{q.device}'; "
-                         "expected all tensors on the same CUDA device")
-    if t.dtype != torch.int32:
-        raise TypeError(f"flash3: page_table.dtype is {_dtype_str(t.dtype)}; expected torch.int32 (the page indices "
-                        "of each sequence; use page_table.to(torch.int32))")
+    _check_int32_on_q_device(t, "page_table", q, "the page indices of each sequence")
     if t.dim() != 2:
         raise ValueError(f"flash3: page_table has {t.dim()} dimensions (shape {_shape_str(t.shape)}); expected a 2-d "
                          f"tensor {_KVCACHE_LAYOUTS['page_table']} of int32 page indices")
