@@ -55,14 +55,26 @@ KVCacheArgs make_args() {
 
 TEST(KVCacheValidation, ValidArgsPass) { EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(make_args()))); }
 
+// One rejection: an edit of valid args and the error it must give.
+struct Rejection {
+  const char* what;
+  void (*edit)(KVCacheArgs&);
+  StatusCode code;
+  std::initializer_list<std::string> subs;
+};
+
+// Each edit of make()'s args fails the structure check with its code and message parts.
+template <size_t N>
+void expect_rejections(KVCacheArgs (*make)(), const Rejection (&cases)[N]) {
+  for (const Rejection& c : cases) {
+    KVCacheArgs a = make();
+    c.edit(a);
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), c.code, c.subs)) << c.what;
+  }
+}
+
 TEST(KVCacheValidation, Rejections) {
-  struct Case {
-    const char* what;
-    void (*edit)(KVCacheArgs&);
-    StatusCode code;
-    std::initializer_list<std::string> subs;
-  };
-  const Case cases[] = {
+  const Rejection cases[] = {
       {"k_new without v_new", [](KVCacheArgs& a) { a.v_new = TensorView{}; }, StatusCode::kInvalidArgument,
        {"k_new is set but v_new is not"}},
       {"append without cache_seqlens", [](KVCacheArgs& a) { a.cache_seqlens = nullptr; }, StatusCode::kInvalidArgument,
@@ -125,11 +137,7 @@ TEST(KVCacheValidation, Rejections) {
       {"cache written while aliasing k_new", [](KVCacheArgs& a) { a.k_new.data = fake(0x1000000 + 256); },
        StatusCode::kInvalidArgument, {"k_cache", "overlaps"}},
   };
-  for (const Case& c : cases) {
-    KVCacheArgs a = make_args();
-    c.edit(a);
-    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), c.code, c.subs)) << c.what;
-  }
+  expect_rejections(make_args, cases);
 }
 
 // The attention runs as varlen rows: q (b * sq, hq, d), cache rows (b_cache
@@ -289,13 +297,7 @@ TEST(KVCacheValidation, PagedValidArgsPass) {
 }
 
 TEST(KVCacheValidation, PagedRejections) {
-  struct Case {
-    const char* what;
-    void (*edit)(KVCacheArgs&);
-    StatusCode code;
-    std::initializer_list<std::string> subs;
-  };
-  const Case cases[] = {
+  const Rejection cases[] = {
       {"with cache_batch_idx", [](KVCacheArgs& a) { a.cache_batch_idx = fake_int(0x6000100); },
        StatusCode::kNotSupported, {"page_table", "cache_batch_idx"}},
       {"with cache_leftpad", [](KVCacheArgs& a) { a.cache_leftpad = fake_int(0x6000200); },
@@ -331,11 +333,7 @@ TEST(KVCacheValidation, PagedRejections) {
          a.rotary_cos.shape[0] = a.rotary_sin.shape[0] = 64;
        }, StatusCode::kInvalidArgument, {"seqlen_ro"}},
   };
-  for (const Case& c : cases) {
-    KVCacheArgs a = make_paged_args();
-    c.edit(a);
-    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), c.code, c.subs)) << c.what;
-  }
+  expect_rejections(make_paged_args, cases);
   // The pages checks hold for one sequence too, except the batch stride's.
   KVCacheArgs one = make_paged_args_b1();
   one.page_table_max_pages = 0;
