@@ -16,15 +16,9 @@
 #include "common/bulk_ops.h"
 #include "common/cute_utils.h"
 #include "common/named_barriers.h"
+#include "scheduler/bwd_tile_scheduler.h"
 
 namespace flash3 {
-
-struct BwdTile {
-  int n_block, head_kv, batch;
-  int piece = 0, pieces = 1;  // BwdSplitPlan: this CTA's share of the KV block's query blocks
-  int split = -1;             // index among the split KV blocks (partial slots, counter); -1: whole
-  int q_tile_start = 0;       // varlen: the sequence's first query block in the per-block scratch
-};
 
 template <class Traits>
 struct BwdMainloop {

@@ -114,8 +114,9 @@ CUTLASS_DEVICE void write_seq_desc(cute::TmaDescriptor* dst, Tma const& tma, con
 // One thread per tensor map (idx = sequence * kNumVarlenDesc + slot): slot
 // kDescQ gets q's map, kDescK k's, kDescV v's and the fourth slot x's (out
 // in the forward, dO in the backward: rows of q's sequence). Each map is
-// released to the tensor-map proxy; the attention kernels acquire.
-template <class Element, class TmaQ, class TmaK, class TmaV, class TmaX, class Shape>
+// released to the tensor-map proxy; the attention kernels acquire. Element is
+// q / k / v's type, ElementX x's (the forward's output type).
+template <class Element, class ElementX, class TmaQ, class TmaK, class TmaV, class TmaX, class Shape>
 CUTLASS_DEVICE void write_varlen_map(int64_t idx, VarlenSeqs const& seqs, cute::TmaDescriptor* desc, TmaQ const& tma_q,
                                      Shape const& shape_q, VarlenTensor const& q, TmaK const& tma_k,
                                      Shape const& shape_k, VarlenTensor const& k, TmaV const& tma_v,
@@ -136,7 +137,7 @@ CUTLASS_DEVICE void write_varlen_map(int64_t idx, VarlenSeqs const& seqs, cute::
       write_seq_desc(dst, tma_v, row_ptr<Element>(v, si.offset_k), si.seqlen_k, shape_v, v);
       break;
     default:
-      write_seq_desc(dst, tma_x, row_ptr<Element>(x, si.offset_q), si.seqlen_q, shape_x, x);
+      write_seq_desc(dst, tma_x, row_ptr<ElementX>(x, si.offset_q), si.seqlen_q, shape_x, x);
       break;
   }
   cute::tma_descriptor_fence_release();

@@ -15,7 +15,7 @@ namespace flash3 {
 
 template <class Traits>
 struct FwdEpilogue {
-  using Element = typename Traits::Element;
+  using ElementOut = typename Traits::ElementOut;
   using Params = typename Traits::Params;
   using SharedStorage = typename Traits::SharedStorage;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -39,7 +39,7 @@ struct FwdEpilogue {
         return;
       }
     }
-    Tensor tOrO_out = convert_fragment<Element>(tOrO);
+    Tensor tOrO_out = convert_fragment<ElementOut>(tOrO);
 
     // Single tile: sO aliases sQ, so wait until every consumer warpgroup is past
     // its last QK^T. Persistent: sO is free once the previous tile's TMA store
@@ -49,7 +49,7 @@ struct FwdEpilogue {
     }
     named_barrier_sync(Traits::kNumMmaThreads, FwdBarrier::kEpilogue);
     Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
-    auto smem_tiled_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);
+    auto smem_tiled_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, ElementOut>{}, tiled_mma_pv);
     auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(thread_idx);
     Tensor taccOrO = smem_thr_copy_O.retile_S(tOrO_out);
     Tensor taccOsO = smem_thr_copy_O.partition_D(sO);
@@ -139,10 +139,10 @@ struct FwdEpilogue {
   CUTLASS_DEVICE static void store_o_packed(Params const& params, TensorSO const& sO, WorkTile tile,
                                             MaskSpec const& mask, int thread_idx) {
     using Vec = cute::uint128_t;
-    constexpr int kVec = int(sizeof(Vec) / sizeof(Element));
+    constexpr int kVec = int(sizeof(Vec) / sizeof(ElementOut));
     constexpr int kVecsPerRow = Traits::kHeadDimV / kVec;
     static_assert(Traits::kHeadDimV % kVec == 0, "O rows are copied in 16-byte pieces");
-    Element* o = params.o_ptr +
+    ElementOut* o = params.o_ptr +
                  FwdMainloop<Traits>::packed_seq_offset(params, tile, params.o_batch_stride, params.o_row_stride) +
                  FwdMainloop<Traits>::first_q_head(params, tile) * params.o_head_stride;
     CUTLASS_PRAGMA_UNROLL

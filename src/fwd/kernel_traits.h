@@ -33,9 +33,12 @@ struct OneTileConfig {
 };
 
 template <class Element_, int kHeadDim_, int kHeadDimV_, class Cfg, class Mask_, bool kVarlen_ = false,
-          class ScoreMod_ = ScoreModIdentity, bool kPackGQA_ = false>
+          class ScoreMod_ = ScoreModIdentity, bool kPackGQA_ = false, class ElementOut_ = Element_>
 struct FwdTraits {
-  using Element = Element_;
+  using Element = Element_;  // Q, K, V and both GEMMs' operands
+  // O's element type (the TMA store, sO, the packed scatter): the input type
+  // for 16-bit inputs; FP8 inputs write a 16-bit O (seed 6.3).
+  using ElementOut = ElementOut_;
   using Mask = Mask_;
   using ScoreMod = ScoreMod_;  // fusion/score_mod.h
   // Variable-length batches: per-sequence tensor maps (SeqlenInfo, varlen_prep.h).
@@ -94,9 +97,9 @@ struct FwdTraits {
                            GMMA::Major::MN>(),
       AtomLayout{}));
 
-  template <int Rows, int Cols>
+  template <int Rows, int Cols, class E = Element>
   using KMajorAtom =
-      decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<Rows>, Int<Cols>>());
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, E, Int<Rows>, Int<Cols>>());
   using SmemLayoutQ = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDim>{},
                                              Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
@@ -105,13 +108,15 @@ struct FwdTraits {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{},
       make_ordered_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockN>{}, Int<kStages>{}), Step<_2, _1, _3>{})));
-  using SmemLayoutO = decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+  using SmemLayoutO =
+      decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV, ElementOut>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
 
   // Global views are (seqlen, head_dim, head, batch) with unit head_dim stride.
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;
   using GmemTensorIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQKV{}));
-  using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQKV{}));
+  using GmemTensorOut =
+      decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)), ShapeQKV{}, StrideQKV{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorIn{}, take<0, 2>(SmemLayoutK{}),
@@ -136,12 +141,12 @@ struct FwdTraits {
   struct SharedStorageQO {
     union {
       cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
-      cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+      cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
     };
   };
   struct SharedStorageQandO {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+    cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
   };
   struct SharedStorage : std::conditional_t<kPersistent, SharedStorageQandO, SharedStorageQO> {
     // 1024-byte alignment: required by the 128-byte TMA/WGMMA swizzle.
@@ -203,7 +208,7 @@ struct FwdTraits {
   // (varlen: (split, heads_q, total_q)), both fp32, in the call's workspace.
   struct PackGQAParams : ModParams {
     const Element* q_ptr;
-    Element* o_ptr;
+    ElementOut* o_ptr;
     int64_t q_row_stride, q_head_stride, q_batch_stride;
     int64_t o_row_stride, o_head_stride, o_batch_stride;
     cutlass::FastDivmod pack_divmod;  // P query heads per tile

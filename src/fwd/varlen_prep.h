@@ -21,11 +21,11 @@ struct VarlenPrepArgs {
 template <class Traits>
 __global__ void __launch_bounds__(kVarlenPrepThreads)
     flash_fwd_varlen_prep_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params, VarlenPrepArgs const a) {
-  using Element = typename Traits::Element;
   const VarlenScratch& s = a.scratch;
-  write_varlen_map<Element>(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, a.seqs, s.desc, params.tma_load_q,
-                            params.shape_q, a.q, params.tma_load_k, params.shape_k, a.k, params.tma_load_v,
-                            params.shape_v, a.v, params.tma_store_o, params.shape_o, a.o);
+  write_varlen_map<typename Traits::Element, typename Traits::ElementOut>(
+      int64_t(blockIdx.x) * blockDim.x + threadIdx.x, a.seqs, s.desc, params.tma_load_q, params.shape_q, a.q,
+      params.tma_load_k, params.shape_k, a.k, params.tma_load_v, params.shape_v, a.v, params.tma_store_o,
+      params.shape_o, a.o);
   if (blockIdx.x != 0) return;
   for (int b = threadIdx.x; b < a.seqs.num_seqs; b += blockDim.x) s.seqs[b] = varlen_seq_info(a.seqs, b);
   // Query tiles over each sequence's rows (PackGQA: seqlen_q x P packed rows).

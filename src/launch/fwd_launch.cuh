@@ -56,7 +56,7 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
                           make_stride(p.k_row_stride, _1{}, p.k_head_stride, p.k_batch_stride));
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)), shape_v,
                           make_stride(p.v_row_stride, _1{}, p.v_head_stride, p.v_batch_stride));
-  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o)), shape_o,
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<typename Traits::ElementOut*>(p.o)), shape_o,
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
   kp.tma_load_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{},
                                 Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
@@ -91,7 +91,7 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
     kp.tile_heads = p.heads_q / pack * kp.num_splits;
     kp.num_m_blocks = int((int64_t(p.seqlen_q) * pack + Traits::kBlockM - 1) / Traits::kBlockM);
     kp.q_ptr = static_cast<Element const*>(p.q);
-    kp.o_ptr = static_cast<Element*>(p.o);
+    kp.o_ptr = static_cast<typename Traits::ElementOut*>(p.o);
     kp.q_row_stride = p.q_row_stride;
     kp.q_head_stride = p.q_head_stride;
     kp.q_batch_stride = p.q_batch_stride;

@@ -14,6 +14,7 @@
 //  * VarlenTileScheduler: variable-length batches, one tile per CTA from the
 //    tile map the varlen prep kernel wrote (fwd/varlen_prep.h).
 // Split-KV launches fold the split into the head coordinate (split_work_tile).
+// The backward's scheduler (KV blocks, BwdTile) is in bwd_tile_scheduler.h.
 #pragma once
 #include <cutlass/cutlass.h>
 
