@@ -24,9 +24,10 @@ __global__ void __launch_bounds__(kVarlenPrepThreads)
     flash_bwd_varlen_prep_kernel(CUTE_GRID_CONSTANT typename Traits::Params const params, BwdVarlenPrepArgs const a) {
   using Element = typename Traits::Element;
   const VarlenScratch& s = a.scratch;
-  write_varlen_map<Element, Element>(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, a.seqs, s.desc, params.tma_load_q,
-                            params.shape_q, a.q, params.tma_load_k, params.shape_k, a.k, params.tma_load_v,
-                            params.shape_v, a.v, params.tma_load_do, params.shape_do, a.dout);
+  write_varlen_map<Element, Element>(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, a.seqs, s.desc,
+                                     params.tma_load_q, params.shape_q, a.q, params.tma_load_k, params.shape_k, a.k,
+                                     params.tma_load_v, params.shape_v, a.v, params.tma_load_do, params.shape_do,
+                                     a.dout);
   const bool one_cta = gridDim.x == 1;
   if (blockIdx.x == 0) {
     for (int b = threadIdx.x; b < a.seqs.num_seqs; b += blockDim.x) s.seqs[b] = varlen_seq_info(a.seqs, b);
