@@ -20,6 +20,17 @@ double e4m3_spacing(double a) {
   return std::ldexp(1.0, e - 1 - 3);
 }
 
+// f(element index, descale index) over every element of t's shape.
+template <class F>
+void for_each_element(const Fp8Tensor& t, F&& f) {
+  for (int b = 0; b < t.batch; ++b)
+    for (int r = 0; r < t.seqlen; ++r)
+      for (int h = 0; h < t.heads; ++h) {
+        const int64_t s = t.scale_index(b, r, h), row = ((int64_t(b) * t.seqlen + r) * t.heads + h) * t.d;
+        for (int c = 0; c < t.d; ++c) f(row + c, s);
+      }
+}
+
 }  // namespace
 
 double round_e4m3(double x) {
@@ -109,10 +120,7 @@ double Fp8Tensor::value(int b, int row, int h, int c) const {
 
 std::vector<double> Fp8Tensor::dequantized() const {
   std::vector<double> out(x8.size());
-  for (int b = 0; b < batch; ++b)
-    for (int r = 0; r < seqlen; ++r)
-      for (int h = 0; h < heads; ++h)
-        for (int c = 0; c < d; ++c) out[size_t(((int64_t(b) * seqlen + r) * heads + h) * d + c)] = value(b, r, h, c);
+  for_each_element(*this, [&](int64_t i, int64_t s) { out[size_t(i)] = x8[size_t(i)] * descale[size_t(s)]; });
   return out;
 }
 
@@ -135,17 +143,11 @@ Fp8Tensor quantize_e4m3(const double* x, int batch, int seqlen, int heads, int d
   const size_t n_scales = scaling == Fp8Scaling::kPerTensor ? 1 : size_t(batch) * groups * blocks;
   std::vector<double> amax(n_scales, 0.0);
   const size_t n = size_t(batch) * seqlen * heads * d;
-  auto for_each = [&](auto&& f) {
-    for (int b = 0; b < batch; ++b)
-      for (int r = 0; r < seqlen; ++r)
-        for (int h = 0; h < heads; ++h)
-          for (int c = 0; c < d; ++c) f(((int64_t(b) * seqlen + r) * heads + h) * d + c, t.scale_index(b, r, h));
-  };
-  for_each([&](int64_t i, int64_t s) { amax[size_t(s)] = std::max(amax[size_t(s)], std::fabs(x[i])); });
+  for_each_element(t, [&](int64_t i, int64_t s) { amax[size_t(s)] = std::max(amax[size_t(s)], std::fabs(x[i])); });
   t.descale.resize(n_scales);
   for (size_t s = 0; s < n_scales; ++s) t.descale[s] = amax[s] > 0 ? amax[s] / kE4M3Max : 1.0;
   t.x8.resize(n);
-  for_each([&](int64_t i, int64_t s) { t.x8[size_t(i)] = round_e4m3(x[i] / t.descale[size_t(s)]); });
+  for_each_element(t, [&](int64_t i, int64_t s) { t.x8[size_t(i)] = round_e4m3(x[i] / t.descale[size_t(s)]); });
   return t;
 }
 
