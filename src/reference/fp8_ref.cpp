@@ -130,14 +130,7 @@ Fp8Tensor quantize_e4m3(const double* x, int batch, int seqlen, int heads, int d
     throw std::invalid_argument("quantize_e4m3: heads_per_scale must divide heads");
   if (scaling == Fp8Scaling::kPerBlock && block_rows < 1)
     throw std::invalid_argument("quantize_e4m3: kPerBlock needs block_rows >= 1");
-  Fp8Tensor t;
-  t.batch = batch;
-  t.seqlen = seqlen;
-  t.heads = heads;
-  t.d = d;
-  t.scaling = scaling;
-  t.heads_per_scale = heads_per_scale;
-  t.block_rows = block_rows;
+  Fp8Tensor t{batch, seqlen, heads, d, scaling, heads_per_scale, block_rows, {}, {}};
   const int groups = heads / heads_per_scale;
   const int blocks = scaling == Fp8Scaling::kPerBlock ? (seqlen + block_rows - 1) / block_rows : 1;
   const size_t n_scales = scaling == Fp8Scaling::kPerTensor ? 1 : size_t(batch) * groups * blocks;
