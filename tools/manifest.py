@@ -23,7 +23,13 @@ import os
 DTYPES = {  # name -> (flash3::DType enumerator, CUTLASS element type)
     "bf16": ("kBFloat16", "cutlass::bfloat16_t"),
     "fp16": ("kFloat16", "cutlass::half_t"),
+    "e4m3": ("kFloat8E4M3", "cutlass::float_e4m3_t"),
 }
+# FP8 (e4m3, bf16 output) is forward-only, without score modifiers or
+# PackGQA, for these head dims (the V transpose takes d_v in 32-byte blocks).
+FP8_PASSES = ("fwd",)
+FP8_FEATURES = ("none",)
+FP8_HDIMS = ("64", "96", "128", "192", "256")
 # (head_dim, head_dim_v) pairs that have kernels; "192x128" is DeepSeek-style.
 HDIMS = {"64": (64, 64), "96": (96, 96), "128": (128, 128), "192": (192, 192),
          "256": (256, 256), "192x128": (192, 128)}
@@ -84,13 +90,15 @@ def main():
         for p in split(a.passes):
             for dt in split(a.dtypes):
                 enum, ctype = DTYPES[dt]
+                if dt == "e4m3" and p not in FP8_PASSES:
+                    continue
                 for h in split(a.hdims):
-                    if h not in PASS_HDIMS[p]:
+                    if h not in PASS_HDIMS[p] or (dt == "e4m3" and h not in FP8_HDIMS):
                         continue
                     d, dv = HDIMS[h]
                     for f in features:
                         policy, suffix, passes = FEATURES[f]
-                        if p not in passes:
+                        if p not in passes or (dt == "e4m3" and f not in FP8_FEATURES):
                             continue
                         name = f"{p}_{dt}_hd{d}x{dv}{suffix}.cu"
                         params = "FwdParams" if p == "fwd" else "BwdParams"

@@ -148,6 +148,13 @@ struct ForwardArgs {
   TensorView out;   // (b, sq, hq, dv), written
   TensorView lse;   // (b, hq, sq) fp32, written; optional: a default TensorView{} (no data,
                     // ndim 0) means not stored; a view with a shape but no data is an error
+  // FP8 (FlashAttention-3's FP8 forward): q, k, v fp8_e4m3 and out bf16.
+  // The scores are softmax_scale * (q_descale * q) . (k_descale * k) and the
+  // output P (v_descale * v), with one fp32 descale per (batch, KV head):
+  // optional (b, hkv) views, any strides (TensorView{}: 1). Given for 16-bit
+  // inputs, or with cu_seqlens / softcap / the backward: an error. e4m3 values
+  // are finite (|x| <= 448; NaN inputs give NaN outputs).
+  TensorView q_descale, k_descale, v_descale;
   AttentionOptions opts;
   // Scratch memory, 256-byte aligned; query its size with
   // forward_workspace_size() (it depends on the shapes and options only, and is

@@ -86,6 +86,15 @@ flash3_status flash3_forward_with_workspace(const flash3_tensor* q, const flash3
                                             const flash3_tensor* lse, const flash3_options* opts,
                                             void* workspace, size_t workspace_bytes, void* stream);
 
+/* FP8 forward (FlashAttention-3's FP8 flash_attn_func; flash3::ForwardArgs
+ * in flash3.h): q, k, v FLASH3_FP8_E4M3, out FLASH3_BF16; q_descale,
+ * k_descale, v_descale NULL (1) or 2-d (batch, heads_kv) FLASH3_FP32
+ * tensors. Otherwise as flash3_forward_with_workspace. */
+flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                 const flash3_tensor* out, const flash3_tensor* lse, const flash3_tensor* q_descale,
+                                 const flash3_tensor* k_descale, const flash3_tensor* v_descale,
+                                 const flash3_options* opts, void* workspace, size_t workspace_bytes, void* stream);
+
 /* Bytes of forward scratch the call needs, from the shapes of q, k, v and opts
  * (0: none, as for most fixed-length calls; varlen calls need their
  * per-sequence maps). 0 also for malformed shapes and a bad opts->struct_size. */

@@ -307,6 +307,25 @@ flash3_status flash3_forward_with_workspace(const flash3_tensor* q, const flash3
   return forward_impl("flash3_forward_with_workspace", q, k, v, out, lse, opts, workspace, workspace_bytes, stream);
 }
 
+flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
+                                 const flash3_tensor* out, const flash3_tensor* lse, const flash3_tensor* q_descale,
+                                 const flash3_tensor* k_descale, const flash3_tensor* v_descale,
+                                 const flash3_options* opts, void* workspace, size_t workspace_bytes, void* stream) {
+  constexpr const char* kWhere = "flash3_forward_fp8";
+  try {
+    flash3::ForwardArgs a;
+    FLASH3_C_TRY(kWhere, forward_args(q, k, v, out, lse, opts, &a));
+    FLASH3_C_TRY(kWhere, to_view(q_descale, "q_descale", &a.q_descale));
+    FLASH3_C_TRY(kWhere, to_view(k_descale, "k_descale", &a.k_descale));
+    FLASH3_C_TRY(kWhere, to_view(v_descale, "v_descale", &a.v_descale));
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return report(kWhere, flash3::forward(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
 size_t flash3_forward_workspace_size(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                                      const flash3_options* opts) {
   try {

@@ -38,7 +38,8 @@ int64_t launch_batch(const TensorView& q, const TensorView& k) {
 
 ForwardArgs forward_slice(const ForwardArgs& a, int64_t b0, int64_t n) {
   ForwardArgs s = a;
-  for (TensorView* t : {&s.q, &s.k, &s.v, &s.out, &s.lse}) *t = batch_slice(*t, b0, n);
+  for (TensorView* t : {&s.q, &s.k, &s.v, &s.out, &s.lse, &s.q_descale, &s.k_descale, &s.v_descale})
+    *t = batch_slice(*t, b0, n);
   return s;
 }
 

@@ -288,12 +288,55 @@ Status check_present(const Arg& a, bool varlen) {
   return Status::Ok();
 }
 
-Status check_qdtype(const Arg& q) {
+// fp8_ok: the forward, which has e4m3 kernels; elsewhere FP8 is not supported
+// (FlashAttention-3 has no FP8 backward or KV-cache path either).
+Status check_qdtype(const Arg& q, bool fp8_ok = false, const char* where = "") {
   const DType dt = q.t->dtype;
   if (dt == DType::kFloat16 || dt == DType::kBFloat16) return Status::Ok();
-  if (dt == DType::kFloat8E4M3)
-    return Status::NotSupported(std::string("fp8: ") + q.name + ".dtype is fp8_e4m3; flash3 has fp16 and bf16 kernels only");
-  return Status::Invalid(std::string(q.name) + ".dtype is " + dtype_str(dt) + "; expected fp16 or bf16");
+  if (dt == DType::kFloat8E4M3) {
+    if (fp8_ok) return Status::Ok();
+    return Status::NotSupported(std::string("fp8: ") + q.name + ".dtype is fp8_e4m3; " + where +
+                                " has fp16 and bf16 kernels only (FP8 is forward-only)");
+  }
+  return Status::Invalid(std::string(q.name) + ".dtype is " + dtype_str(dt) +
+                         (fp8_ok ? "; expected fp16, bf16 or fp8_e4m3" : "; expected fp16 or bf16"));
+}
+
+// FP8 forwards: out bf16, fixed length, descales (b, hkv) fp32. 16-bit
+// forwards take no descales.
+Status check_fp8_forward(const ForwardArgs& args, bool varlen) {
+  const std::pair<const char*, const TensorView*> descales[] = {
+      {"q_descale", &args.q_descale}, {"k_descale", &args.k_descale}, {"v_descale", &args.v_descale}};
+  if (args.q.dtype != DType::kFloat8E4M3) {
+    for (const auto& [name, t] : descales)
+      if (t->defined())
+        return Status::Invalid(std::string(name) + " is given but q.dtype is " + dtype_str(args.q.dtype) +
+                               "; descales apply to fp8_e4m3 inputs only");
+    return Status::Ok();
+  }
+  if (args.out.dtype != DType::kBFloat16)
+    return Status::Invalid("out.dtype is " + dtype_str(args.out.dtype) +
+                           "; expected bf16 (fp8_e4m3 inputs write a bf16 output)");
+  if (varlen)
+    return Status::NotSupported("fp8 with variable-length batches (opts.cu_seqlens_q is set; fp8 runs fixed length)");
+  const int64_t b = args.q.shape[0], hkv = args.k.shape[2];
+  for (const auto& [name, t] : descales) {
+    if (!t->defined()) continue;
+    if (t->dtype != DType::kFloat32)
+      return Status::Invalid(std::string(name) + ".dtype is " + dtype_str(t->dtype) + "; expected fp32");
+    if (t->ndim != 2 || t->shape[0] != b || t->shape[1] != hkv)
+      return Status::Invalid(std::string(name) + " has shape " + shape_str(*t) + "; expected (batch, heads_kv) = (" +
+                             std::to_string(b) + ", " + std::to_string(hkv) + ")");
+    if (t->stride[0] < 0 || t->stride[1] < 0)
+      return Status::Invalid(std::string(name) + " has strides (" + std::to_string(t->stride[0]) + ", " +
+                             std::to_string(t->stride[1]) + "); expected non-negative strides");
+    if (t->data == nullptr && b * hkv > 0)
+      return Status::Invalid(std::string(name) + ".data is null; expected a device pointer (shape " + shape_str(*t) +
+                             ")");
+    if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0)
+      return Status::Invalid(std::string(name) + ".data " + fmt_ptr(t->data) + " is not 4-byte aligned; expected fp32 alignment");
+  }
+  return Status::Ok();
 }
 
 Status check_same_dtype(const Arg& a, const Arg& ref) {
@@ -460,11 +503,13 @@ Status check_forward_structure(const ForwardArgs& args) {
   for (const Arg* a : {&q, &k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_present(*a, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_present(l, varlen));
 
-  FLASH3_RETURN_IF_ERROR(check_qdtype(q));
-  for (const Arg* a : {&k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*a, q));
+  FLASH3_RETURN_IF_ERROR(check_qdtype(q, true));
+  for (const Arg* a : {&k, &v}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*a, q));
+  if (args.q.dtype != DType::kFloat8E4M3) FLASH3_RETURN_IF_ERROR(check_same_dtype(o, q));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_fp32(l));
 
   FLASH3_RETURN_IF_ERROR(check_head_dims(q, k, v, o, varlen));
+  FLASH3_RETURN_IF_ERROR(check_fp8_forward(args, varlen));
   FLASH3_RETURN_IF_ERROR(check_geometry(q, k, v, o, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_lse_shape(l, q, varlen));
 
@@ -494,7 +539,7 @@ Status check_backward_structure(const BackwardArgs& args) {
   for (const Arg* a : {&q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_present(*a, varlen));
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_present(dlse, varlen));
 
-  FLASH3_RETURN_IF_ERROR(check_qdtype(q));
+  FLASH3_RETURN_IF_ERROR(check_qdtype(q, false, "the backward"));
   for (const Arg* a : {&k, &v, &o, &dout, &dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*a, q));
   FLASH3_RETURN_IF_ERROR(check_fp32(lse));
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_fp32(dlse));
@@ -650,6 +695,9 @@ Status check_forward_device(const ForwardArgs& args) {
                                 {"v.data", args.v.data},
                                 {"out.data", args.out.data},
                                 {"lse.data", args.lse.data},
+                                {"q_descale.data", args.q_descale.data},
+                                {"k_descale.data", args.k_descale.data},
+                                {"v_descale.data", args.v_descale.data},
                                 {"opts.cu_seqlens_q", args.opts.cu_seqlens_q},
                                 {"opts.cu_seqlens_k", args.opts.cu_seqlens_k},
                                 {"opts.seqused_q", args.opts.seqused_q},
@@ -806,7 +854,20 @@ FwdParams lower_forward(const ForwardArgs& args, bool varlen) {
 }
 }  // namespace
 
-FwdParams make_fwd_params(const ForwardArgs& args) { return lower_forward(args, is_varlen(args.opts)); }
+FwdParams make_fwd_params(const ForwardArgs& args) {
+  FwdParams p = lower_forward(args, is_varlen(args.opts));
+  // FP8 descales, (b, hkv); a size-1 dimension's stride is never used.
+  auto descale = [](const TensorView& t, const float** ptr, int64_t* b, int64_t* h) {
+    if (t.data == nullptr) return;
+    *ptr = static_cast<const float*>(t.data);
+    *b = t.shape[0] > 1 ? t.stride[0] : 0;
+    *h = t.shape[1] > 1 ? t.stride[1] : 0;
+  };
+  descale(args.q_descale, &p.q_descale, &p.q_descale_batch_stride, &p.q_descale_head_stride);
+  descale(args.k_descale, &p.k_descale, &p.k_descale_batch_stride, &p.k_descale_head_stride);
+  descale(args.v_descale, &p.v_descale, &p.v_descale_batch_stride, &p.v_descale_head_stride);
+  return p;
+}
 
 void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p) {
   int wl = opts.window_left < 0 ? -1 : opts.window_left;
@@ -1208,7 +1269,7 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
   FLASH3_RETURN_IF_ERROR(check_ndim("k_cache", a.k_cache, 4, kCacheDims));
   FLASH3_RETURN_IF_ERROR(check_ndim("v_cache", a.v_cache, 4, kCacheVDims));
   FLASH3_RETURN_IF_ERROR(check_ndim("out", a.out, 4, kQDims));
-  FLASH3_RETURN_IF_ERROR(check_qdtype(q));
+  FLASH3_RETURN_IF_ERROR(check_qdtype(q, false, "forward_kvcache"));
   for (const Arg* t : {&kc, &vc, &out}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*t, q));
   const int64_t b = a.q.shape[0], sq = a.q.shape[1], hq = a.q.shape[2], d = a.q.shape[3];
   const int64_t bc = a.k_cache.shape[0], sc = a.k_cache.shape[1], hkv = a.k_cache.shape[2];

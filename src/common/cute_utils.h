@@ -90,6 +90,16 @@ CUTLASS_DEVICE typename Pipeline::Params tma_pipeline_params(bool is_producer, i
   return p;
 }
 
+// a if kFirst, else b (objects of different types chosen at compile time).
+template <bool kFirst, class A, class B>
+CUTLASS_HOST_DEVICE auto& select_ref(A& a, B& b) {
+  if constexpr (kFirst) {
+    return a;
+  } else {
+    return b;
+  }
+}
+
 // The 4 threads of a quad share a row of the SM90 accumulator.
 template <class Op>
 CUTLASS_DEVICE float quad_allreduce(float x, Op op) {

@@ -86,8 +86,13 @@ struct FwdTileConfig {
   int rescale_slack = 0;
 };
 
+// FP8 (elem_bytes 1) adds the transposed V ring (FwdTraits::kTransposeV) and
+// writes a 16-bit O.
 constexpr int fwd_smem_bytes(const FwdTileConfig& c, int d, int dv, int elem_bytes) {
-  return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv) + (c.persistent ? c.tile_m * dv : 0)) * elem_bytes + 1024;
+  const int vt = elem_bytes == 1 ? c.num_stages * c.tile_n * dv : 0;
+  const int o_bytes = elem_bytes == 1 ? 2 : elem_bytes;
+  return (c.tile_m * d + c.num_stages * c.tile_n * (d + dv) + vt) * elem_bytes +
+         (c.persistent ? c.tile_m * dv * o_bytes : 0) + 1024;
 }
 
 // The tile table: shapes, warpgroups, stages and register budgets.
@@ -131,9 +136,35 @@ constexpr FwdTileConfig fwd_tile_shape(int d, int dv, bool causal_or_local, bool
 // The table plus the per-head-dim policies, each decided here once.
 // short_causal: the causal variant for seqlen_k <= kFwdPersistentCausalMaxSeqlen
 // (and every causal d = 64 problem: fwd_short_causal()), built next to the default one.
+// fp8: the e4m3 kernels (FwdTraits::kFp8), whose PV GEMM takes 32 keys per
+// WGMMA (tile_n a multiple of 32), whose P carries a max offset that lazy
+// rescaling would push past e4m3's range (slack 0), and whose producer
+// warpgroup transposes V (no dynamic scheduler thread: no short-causal
+// persistent variant).
 constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, bool local = false,
-                                        bool short_causal = false) {
+                                        bool short_causal = false, bool fp8 = false) {
   FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
+  if (fp8) {
+    if (d > 128 && d <= 192) c.tile_n = local ? 64 : 128;  // 112 is not a multiple of 32
+#ifdef FLASH3_FP8_D128_TILE_N
+    if (d > 64 && d <= 128) c.tile_n = FLASH3_FP8_D128_TILE_N;
+#endif
+#ifdef FLASH3_FP8_PRODUCER_REGS
+    if (c.num_mma_wg == 2) {
+      c.producer_regs = FLASH3_FP8_PRODUCER_REGS;
+      c.consumer_regs = (65536 - 128 * FLASH3_FP8_PRODUCER_REGS) / 256 / 8 * 8;
+      return c.rescale_slack = 0, c.persistent = d <= 128 && !causal_or_local, c;
+    }
+#endif
+    c.rescale_slack = 0;
+    c.persistent = d <= 128 && !causal_or_local;
+    // The transposing producer warps need more than 24 registers.
+    if (c.num_mma_wg == 2) {
+      c.producer_regs = 40;
+      c.consumer_regs = 232;
+    }
+    return c;
+  }
   // d = 64 stays eager: its O rescale is only 32 FMULs per thread, and the
   // vote lengthens the latency-bound softmax chain (measured -1 to -5%).
   c.rescale_slack = d <= 64 ? 0 : kFwdRescaleSlack;

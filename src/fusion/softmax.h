@@ -10,8 +10,13 @@
 
 namespace flash3 {
 
-template <int kNRows>
+// kMaxOffset (FP8): P = exp2(s - max + kMaxOffset), so P <= 2^kMaxOffset
+// uses more of the 8-bit P's range; the row sum carries the same factor and
+// cancels it in O, and finalize() takes it out of the LSE.
+template <int kNRows, int kMaxOffset = 0>
 struct OnlineSoftmax {
+  static constexpr int kRows = kNRows;
+  static constexpr int kOffset = kMaxOffset;
   float row_max[kNRows];
   float row_sum[kNRows];  // per-thread partial sums until finalize()
   float scale_log2;
@@ -55,10 +60,11 @@ struct OnlineSoftmax {
       // A row masked so far has max -inf: subtract 0 instead so exp2 gives 0, not NaN.
       const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
       row_scale[r] = kIsFirst || !moved ? 1.f : exp2f(old_max * scale_log2 - m_scaled);
+      const float m_offset = m_scaled - float(kMaxOffset);
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) * scale_log2 - m_scaled);
+        s(r, c) = exp2f(s(r, c) * scale_log2 - m_offset);
         sum += s(r, c);
       }
       row_sum[r] = kIsFirst ? sum : row_sum[r] * row_scale[r] + sum;
@@ -88,7 +94,8 @@ struct OnlineSoftmax {
       const float sum = quad_allreduce(row_sum[r], SumOp{});
       const bool empty = sum == 0.f || sum != sum;
       row_scale[r] = empty ? 0.f : __frcp_rn(sum);
-      lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + __logf(sum);
+      constexpr float kOffsetLn = float(kMaxOffset) * 0.69314718055994530942f;
+      lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + __logf(sum) - kOffsetLn;
     }
   }
 };

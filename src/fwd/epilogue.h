@@ -21,14 +21,23 @@ struct FwdEpilogue {
   static constexpr int kBlockM = Traits::kBlockM;
   using TiledMmaPV = typename Traits::TiledMmaPV;
 
-  template <class TensorO, int kNRows>
+  template <class TensorO, class Softmax>
   CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, WorkTile tile, MaskSpec const& mask,
-                                   TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx) {
+                                   TensorO& tOrO, Softmax& softmax, int thread_idx) {
+    constexpr int kNRows = Softmax::kRows;
     TiledMmaPV tiled_mma_pv;
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
 
     float inv_sum[kNRows], lse[kNRows];
-    softmax.finalize(params.softmax_scale, inv_sum, lse);
+    if constexpr (Traits::kFp8) {
+      // The LSE of the de-quantized scores; O times V's descale.
+      const auto d = FwdMainloop<Traits>::descales(params, tile);
+      softmax.finalize(params.softmax_scale * d.qk, inv_sum, lse);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kNRows; ++r) inv_sum[r] *= d.v;
+    } else {
+      softmax.finalize(params.softmax_scale, inv_sum, lse);
+    }
     {
       Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
       OnlineSoftmax<kNRows>::rescale_o(o, inv_sum);

@@ -2,7 +2,8 @@
 // (mainloop, epilogue and scheduler do the work).
 //   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA;
 //                    KV-cache launches without the prep kernel: all 128
-//                    threads gather K/V with cp.async)
+//                    threads gather K/V with cp.async; FP8: warps 1-3
+//                    transpose each V stage for the PV GEMM)
 //   warpgroups 1..N: consumers, 64 query rows each (setmaxnreg up)
 // Single-tile CTAs run one tile; persistent CTAs (Traits::kPersistent) loop
 // over tiles with the K/V pipeline states, barrier_q's phase and the pingpong
@@ -83,9 +84,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   MainloopPipeline pipeline_k(
       ss.pipeline_k, tma_pipeline_params<MainloopPipeline>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesK),
       Shape<_1, _1, _1>{});
+  // FP8: V's stages are consumed by the transposing threads, whose sVt
+  // stages the consumers read (pipeline_vt).
+  constexpr int kVConsumers = Traits::kTransposeV ? Traits::kNumTransposeThreads : Traits::kNumMmaThreads;
   MainloopPipeline pipeline_v(
-      ss.pipeline_v, tma_pipeline_params<MainloopPipeline>(producer, Traits::kNumMmaThreads, Traits::kTmaBytesV),
+      ss.pipeline_v, tma_pipeline_params<MainloopPipeline>(producer, kVConsumers, Traits::kTmaBytesV),
       Shape<_1, _1, _1>{});
+  using PipelineVt = typename Traits::PipelineVt;
+  PipelineVt pipeline_vt = [&] {
+    if constexpr (Traits::kTransposeV) {
+      typename PipelineVt::Params vp;
+      vp.role = producer ? PipelineVt::ThreadCategory::Producer : PipelineVt::ThreadCategory::Consumer;
+      vp.producer_arv_count = Traits::kNumTransposeThreads;
+      vp.consumer_arv_count = Traits::kNumMmaThreads;
+      return PipelineVt(ss.pipeline_vt, vp);
+    } else {
+      return PipelineVt{};
+    }
+  }();
+  // The PV GEMM's pipeline.
+  auto& pipeline_pv = select_ref<Traits::kTransposeV>(pipeline_vt, pipeline_v);
   // Barrier initialisation must be visible to every thread before first use.
   __syncthreads();
 
@@ -129,6 +147,21 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     return ss.tile_slot[n & 1];
   };
 
+  // FP8, producer warps 1-3: the tiles of the TMA thread's static loop, each
+  // V block transposed.
+  auto transpose_tiles = [&] {
+    if constexpr (Traits::kTransposeV) {
+      static_assert(!kDynamic, "FP8 kernels take no dynamic scheduler thread (warp 1 transposes)");
+      PipelineState read;  // V staging stages
+      PipelineState write = cutlass::make_producer_start_state<PipelineVt>();
+      for (int linear = first; linear < count; linear += stride) {
+        const WorkTile tile = tile_at(linear);
+        const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
+        FwdMainloop<Traits>::transpose_v(ss, pipeline_v, pipeline_vt, range, read, write, int(threadIdx.x) - 32);
+      }
+    }
+  };
+
   if (warp_group_idx == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     // Gathered K/V (kv_direct): the whole producer warpgroup loads.
@@ -164,6 +197,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
           ++loaded;
         }
       }
+    } else if (Traits::kTransposeV && warp_idx >= 1 && warp_idx <= 3) {
+      transpose_tiles();
     } else if (kDynamic && warp_idx == 1 && lane == 0) {
       // Tile n + 1 is claimed when the TMA thread has issued tile n's last
       // loads, about two KV blocks before the consumers finish tile n: the
@@ -193,9 +228,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+        OnlineSoftmax<kNRows, Traits::kMaxOffset> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, mask, range, tOrO, softmax, thread_idx, read,
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax, thread_idx, read,
                                    loaded & 1);
           ++loaded;
         } else {
@@ -215,9 +250,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows> softmax(params.softmax_scale_log2);
+        OnlineSoftmax<kNRows, Traits::kMaxOffset> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_v, tile, mask, range, tOrO, softmax, thread_idx, read,
+          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax, thread_idx, read,
                                    loaded & 1);
           // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
           // the producer may load the next tile's Q.

@@ -16,10 +16,17 @@ namespace flash3 {
 using namespace cute;
 
 // A tile-config "value type": Cfg::value is the FwdTileConfig to build.
-template <int D, int DV, bool kCausalOrLocal, bool kLocal = false, bool kShortCausal = false>
+template <int D, int DV, bool kCausalOrLocal, bool kLocal = false, bool kShortCausal = false, bool kFp8 = false>
 struct DefaultFwdConfig {
-  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal, kShortCausal);
+  static constexpr FwdTileConfig value = fwd_tile_config(D, DV, kCausalOrLocal, kLocal, kShortCausal, kFp8);
 };
+
+// O's element type for an input type: FP8 inputs write bf16 (seed 6.3).
+template <class Element>
+using FwdOutputOf = std::conditional_t<sizeof(Element) == 1, cutlass::bfloat16_t, Element>;
+
+// Stands in for the transposed-V pipeline of the 16-bit kernels (none).
+struct NoPipeline {};
 
 // Varlen configs: the tile table's shapes with one tile per CTA (the varlen
 // scheduler hands out tiles from the map the prep kernel wrote).
@@ -59,6 +66,17 @@ struct FwdTraits {
   // sequence's rows computed in the kernel, and K/V gathered page by page by
   // the producer warpgroup (FwdMainloop::load_gathered).
   static constexpr bool kPagedKV = kVarlen && kPackGQA;
+  // FP8 (e4m3, seed ch. 6): both GEMMs take 8-bit operands, which WGMMA
+  // reads K-major only. V arrives (keys, d_v) with d_v contiguous, so the
+  // producer warpgroup's warps 1-3 transpose each V stage into a K-major copy
+  // (sVt) that the PV GEMM reads (FwdMainloop::transpose_v), one block ahead
+  // of the consumers under a pipeline of its own. P is written to e4m3 after a
+  // max offset of 2^kMaxOffset (P <= 256 uses e4m3's range; the row sum and
+  // the LSE carry the same offset, so O is unchanged).
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  static constexpr bool kTransposeV = kFp8;
+  static constexpr int kMaxOffset = kFp8 ? 8 : 0;
+  static constexpr int kNumTransposeThreads = 96;  // producer warps 1-3
   static constexpr FwdTileConfig kCfg = Cfg::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -80,7 +98,10 @@ struct FwdTraits {
 
   static_assert(kCfg.mma_pv_is_rs, "only the register-sourced PV WGMMA is implemented");
   static_assert(kBlockM == 64 * kNumMmaWG, "tile_m must be 64 x the number of consumer warpgroups");
-  static_assert(kBlockN % 16 == 0, "tile_n must be a multiple of 16 (WGMMA K of the PV GEMM)");
+  static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "tile_n must be a multiple of the PV GEMM's WGMMA K (16; FP8: 32)");
+  static_assert(!kFp8 || (!kPackGQA && !kVarlen && kCfg.rescale_slack == 0),
+                "FP8 kernels: fixed length, unpacked, eager rescaling (P's max offset leaves no slack)");
+  static_assert(!kFp8 || kHeadDimV % 32 == 0, "FP8 V transpose: d_v in 32-byte blocks");
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0, "head dims must be multiples of 16");
   static_assert(kProducerRegs * 128 + kConsumerRegs * kNumMmaThreads <= 65536, "register file overcommitted");
   static_assert(!kPackGQA || !kPersistent, "PackGQA tiles run one per CTA (the consumers load Q)");
@@ -92,9 +113,10 @@ struct FwdTraits {
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
   // B = V read MN-major through a transposed view of the K-major V tile: a
   // descriptor reinterpretation legal for 16-bit WGMMA, no data movement.
+  // FP8: B = the transposed copy sVt, K-major.
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+                           kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayout{}));
 
   template <int Rows, int Cols, class E = Element>
@@ -105,9 +127,14 @@ struct FwdTraits {
                                              Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = decltype(tile_to_shape(KMajorAtom<kBlockN, kHeadDimV>{},
                                              Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
-  using SmemLayoutVt = decltype(composition(
+  // The PV GEMM's B: (d_v, keys, stages). 16-bit: a transposed view of sV.
+  // FP8: its own K-major buffer, keys contiguous, written by transpose_v.
+  using SmemLayoutVtView = decltype(composition(
       SmemLayoutV{},
       make_ordered_layout(make_shape(Int<kHeadDimV>{}, Int<kBlockN>{}, Int<kStages>{}), Step<_2, _1, _3>{})));
+  using SmemLayoutVtCopy = decltype(tile_to_shape(KMajorAtom<kHeadDimV, kBlockN>{},
+                                                  Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}));
+  using SmemLayoutVt = std::conditional_t<kTransposeV, SmemLayoutVtCopy, SmemLayoutVtView>;
   using SmemLayoutO =
       decltype(tile_to_shape(KMajorAtom<kBlockM, kHeadDimV, ElementOut>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
 
@@ -148,7 +175,7 @@ struct FwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
   };
-  struct SharedStorage : std::conditional_t<kPersistent, SharedStorageQandO, SharedStorageQO> {
+  struct SharedStorageBase : std::conditional_t<kPersistent, SharedStorageQandO, SharedStorageQO> {
     // 1024-byte alignment: required by the 128-byte TMA/WGMMA swizzle.
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
@@ -167,6 +194,14 @@ struct FwdTraits {
     alignas(16) cutlass::arch::ClusterBarrier tile_request;
     int tile_slot[2];
   };
+  // FP8: the transposed V ring and its pipeline (producer: the transposing
+  // threads; consumers: the consumer warpgroups).
+  using PipelineVt = std::conditional_t<kTransposeV, cutlass::PipelineAsync<kStages>, NoPipeline>;
+  struct SharedStorageVt : SharedStorageBase {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVtCopy>, 1024> smem_vt;
+    typename cutlass::PipelineAsync<kStages>::SharedStorage pipeline_vt;
+  };
+  using SharedStorage = std::conditional_t<kTransposeV, SharedStorageVt, SharedStorageBase>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the 227 KB per-CTA limit");
 
@@ -198,6 +233,17 @@ struct FwdTraits {
     float score_mod_scale;
   };
   using ModParams = std::conditional_t<ScoreMod::kEnabled, ScoreModParams, BaseParams>;
+  // FP8 descales (FlashAttention-3's q/k/v_descale, (batch, heads_kv) fp32;
+  // null: 1), read once per tile (FwdMainloop::descales).
+  struct Fp8Params : ModParams {
+    const float* q_descale;
+    const float* k_descale;
+    const float* v_descale;
+    int64_t q_descale_batch_stride, q_descale_head_stride;
+    int64_t k_descale_batch_stride, k_descale_head_stride;
+    int64_t v_descale_batch_stride, v_descale_head_stride;
+  };
+  using ScaledParams = std::conditional_t<kFp8, Fp8Params, ModParams>;
   // PackGQA gathers Q and scatters O through plain pointers (strides in
   // elements; varlen adds the sequence's offset_q rows instead of a batch).
   // A tile holds P = pack_divmod.divisor query heads (g = heads_per_kv when
@@ -206,7 +252,7 @@ struct FwdTraits {
   // Split-KV partials (num_splits > 1): o_partial (split, batch | total_q rows,
   // seqlen_q, heads_q, d_v), lse_partial (split, batch, heads_q, seqlen_q)
   // (varlen: (split, heads_q, total_q)), both fp32, in the call's workspace.
-  struct PackGQAParams : ModParams {
+  struct PackGQAParams : ScaledParams {
     const Element* q_ptr;
     ElementOut* o_ptr;
     int64_t q_row_stride, q_head_stride, q_batch_stride;
@@ -230,7 +276,7 @@ struct FwdTraits {
     int64_t page_table_batch_stride;
     cutlass::FastDivmod page_divmod;  // page_size rows per page
   };
-  using Params = std::conditional_t<kPackGQA, PackGQAParams, ModParams>;
+  using Params = std::conditional_t<kPackGQA, PackGQAParams, ScaledParams>;
 };
 
 }  // namespace flash3

@@ -270,7 +270,8 @@ struct FwdMainloop {
   // Waits for a K/V stage. Gathered stages were written by cp.async (generic
   // proxy), which the WGMMAs read through the async proxy: a proxy fence
   // after the wait orders them (TMA stages need none).
-  CUTLASS_DEVICE static void wait_kv(Params const& params, MainloopPipeline& pipeline, PipelineState const& st) {
+  template <class Pipeline>
+  CUTLASS_DEVICE static void wait_kv(Params const& params, Pipeline& pipeline, PipelineState const& st) {
     pipeline.consumer_wait(st);
     if (gathers_kv(params)) cutlass::arch::fence_view_async_shared();
   }
@@ -380,6 +381,106 @@ struct FwdMainloop {
     named_barrier_sync(128, static_cast<int>(FwdBarrier::kPackedQWG1) + wg);
   }
 
+  // FP8 descales of a tile (1 for the 16-bit kernels): q * k folds into the
+  // softmax scale, v into O's final normalisation (seed 6.3).
+  struct Descales {
+    float qk = 1.f, v = 1.f;
+  };
+  CUTLASS_DEVICE static Descales descales(Params const& params, WorkTile tile) {
+    Descales d;
+    if constexpr (Traits::kFp8) {
+      const int64_t b = tile.batch, h = kv_head(params, tile);
+      float q = 1.f, k = 1.f;
+      if (params.q_descale) q = params.q_descale[b * params.q_descale_batch_stride + h * params.q_descale_head_stride];
+      if (params.k_descale) k = params.k_descale[b * params.k_descale_batch_stride + h * params.k_descale_head_stride];
+      if (params.v_descale) d.v = params.v_descale[b * params.v_descale_batch_stride + h * params.v_descale_head_stride];
+      d.qk = q * k;
+    }
+    return d;
+  }
+  // The online softmax's log2-domain scale for a tile.
+  CUTLASS_DEVICE static float scale_log2(Params const& params, WorkTile tile) {
+    if constexpr (Traits::kFp8) {
+      return params.softmax_scale_log2 * descales(params, tile).qk;
+    } else {
+      return params.softmax_scale_log2;
+    }
+  }
+
+  // ------------------------------------------------ FP8 V transpose
+  // FP8 P (seed 6.2): a register of the PV WGMMA's e4m3 A operand holds four
+  // consecutive k of one row (k = 4q .. 4q + 3 for q = lane % 4, then + 16),
+  // while the fp32 S accumulator holds columns 2q, 2q + 1, 2q + 8, 2q + 9 of
+  // each 16. Instead of exchanging values between lanes, the keys of each
+  // 16-key chunk are permuted: k-slot 4q + t of the chunk holds key
+  // 2q + kSlotKey[t], kSlotKey = {0, 1, 8, 9}, in P (to_p_fp8) and in the
+  // transposed V (transpose_v) alike, so the sum over keys is unchanged.
+  // (tests/unit/test_fp8_layout.cu checks this against CuTe's layouts.)
+  CUTLASS_HOST_DEVICE static constexpr int slot_key(int t) { return (t & 1) + 8 * (t >> 1); }
+
+  // One V stage (keys x d_v, d_v contiguous) -> sVt (d_v x keys, keys
+  // contiguous, slot order), by the transposing threads (t in [0, 96)). Unit
+  // of work, one per warp at a time: the 16 keys of chunk c x 32 columns of
+  // pair P, read as four 8 x 8 16-bit matrices by one LDSM.T (A: keys 0-7, B:
+  // keys 8-15 of the chunk; columns 32P .. + 15, then + 16 .. + 31) and
+  // written as four by one STSM (E: even columns, O: odd ones). After the
+  // 16-bit transpose, lane (r, q) = (lane / 4, lane % 4) holds in A the bytes
+  // (key 2q, 2q + 1) x (column 2r, 2r + 1) and in B the same for keys 2q + 8,
+  // 2q + 9: two byte permutes give, per column, keys 2q, 2q + 1, 2q + 8,
+  // 2q + 9 side by side, which is k-slots 4q .. 4q + 3 of the chunk, the
+  // order to_p's P has (slot_key). Under the 128-byte swizzle the LDSM rows
+  // (8 consecutive keys) hit 8 different 16-byte bank groups; the STSM rows
+  // (every other column) 4, a two-way conflict.
+  static constexpr int kTransposeChunks = kBlockN / 16;
+  static constexpr int kTransposeUnits = kTransposeChunks * (Traits::kHeadDimV / 32);
+  struct TransposeUnit {
+    int chunk, pair;  // keys 16 chunk .. + 15, columns 32 pair .. + 31
+  };
+  CUTLASS_HOST_DEVICE static TransposeUnit transpose_unit(int unit) {
+    return {unit % kTransposeChunks, unit / kTransposeChunks};
+  }
+  template <class TensorV, class TensorVt>
+  CUTLASS_DEVICE static void transpose_stage(TensorV const& sV, TensorVt& sVt, int t) {
+    using Row = cute::uint128_t;
+    const int warp = t / 32, lane = t % 32;
+    const int m = lane / 8, r = lane % 8;  // the matrix and row this lane addresses
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int unit = warp; unit < kTransposeUnits; unit += Traits::kNumTransposeThreads / 32) {
+      const TransposeUnit u = transpose_unit(unit);
+      const int col0 = 32 * u.pair + 16 * (m >> 1);
+      uint32_t a0, b0, a1, b1;
+      SM75_U16x8_LDSM_T::copy(*reinterpret_cast<Row const*>(&sV(16 * u.chunk + 8 * (m & 1) + r, col0)), a0, b0, a1,
+                              b1);
+      const uint32_t e0 = __byte_perm(a0, b0, 0x6420), o0 = __byte_perm(a0, b0, 0x7531);
+      const uint32_t e1 = __byte_perm(a1, b1, 0x6420), o1 = __byte_perm(a1, b1, 0x7531);
+      SM90_U32x4_STSM_N::copy(e0, o0, e1, o1, *reinterpret_cast<Row*>(&sVt(col0 + 2 * r + (m & 1), 16 * u.chunk)));
+    }
+  }
+
+  // The transposing threads' loop over one tile's V blocks (the order the
+  // producer loads them): staging stage read -> sVt stage write, the
+  // generic-proxy stores fenced before the consumers' WGMMAs (async proxy)
+  // may read them.
+  template <class PipelineVt>
+  CUTLASS_DEVICE static void transpose_v(SharedStorage& ss, MainloopPipeline& pipeline_v, PipelineVt& pipeline_vt,
+                                         NBlockRange range, PipelineState& read, PipelineState& write, int t) {
+    if constexpr (Traits::kTransposeV) {
+      Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+      Tensor sVt = make_tensor(make_smem_ptr(ss.smem_vt.data()), typename Traits::SmemLayoutVt{});
+      for (int n = range.n_max - 1; n >= range.n_min; --n) {
+        pipeline_v.consumer_wait(read);
+        pipeline_vt.producer_acquire(write);
+        Tensor dst = sVt(_, _, write.index());
+        transpose_stage(sV(_, _, read.index()), dst, t);
+        cutlass::arch::fence_view_async_shared();
+        pipeline_vt.producer_commit(write);
+        pipeline_v.consumer_release(read);
+        ++read;
+        ++write;
+      }
+    }
+  }
+
   // The score modifier, before the mask (masked scores must end as -inf).
   template <class TensorS>
   CUTLASS_DEVICE static void modify_scores(Params const& params, TensorS& tSrS) {
@@ -396,15 +497,26 @@ struct FwdMainloop {
     }
   }
 
+  // The PV GEMM's B operand buffer: sV (16-bit, read transposed) or sVt (FP8).
+  CUTLASS_DEVICE static Element* pv_smem(SharedStorage& ss) {
+    if constexpr (Traits::kTransposeV) {
+      return ss.smem_vt.data();
+    } else {
+      return ss.smem_v.data();
+    }
+  }
+
   // Runs the whole KV loop for one tile; on return tOrO holds the unnormalised O.
   // read: the next K/V stage to consume, advanced past this tile's blocks;
   // q_phase: the phase of barrier_q for this tile (its n-th Q load: n & 1).
   // scheduler_init must have run once before the first tile.
-  template <class TensorO, int kNRows>
+  // pipeline_v: the PV GEMM's V stages (FP8: the transposed copies).
+  template <class TensorO, class PipelineV, class Softmax>
   CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
-                                 MainloopPipeline& pipeline_v, WorkTile tile, MaskSpec const& mask,
-                                 NBlockRange range, TensorO& tOrO, OnlineSoftmax<kNRows>& softmax, int thread_idx,
-                                 PipelineState& read, int q_phase) {
+                                 PipelineV& pipeline_v, WorkTile tile, MaskSpec const& mask, NBlockRange range,
+                                 TensorO& tOrO, Softmax& softmax, int thread_idx, PipelineState& read, int q_phase) {
+    constexpr int kNRows = Softmax::kRows;
+    using SoftmaxT = OnlineSoftmax<kNRows, Softmax::kOffset>;
     using TiledMmaQK = typename Traits::TiledMmaQK;
     using TiledMmaPV = typename Traits::TiledMmaPV;
     const int wg = thread_idx / 128;
@@ -414,24 +526,49 @@ struct FwdMainloop {
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(pv_smem(ss)), typename Traits::SmemLayoutVt{});
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
     Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor tScS = thr_qk.partition_C(cS);
     using SFrag = decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-    Tensor tOrP = make_tensor<Element>(acc_to_operand_a(SFrag{}.layout()));
+    // FP8: ((4, 2, 2) values, 1, k blocks of 32) as CuTe's 8-bit A fragment.
+    using PLayout = std::conditional_t<Traits::kFp8, Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>,
+                                       decltype(acc_to_operand_a(SFrag{}.layout()))>;
+    Tensor tOrP = make_tensor<Element>(PLayout{});
     float row_scale[kNRows];
     bool rescale = false;  // some row of this warp has row_scale != 1 (OnlineSoftmax::step)
 
     auto rowcol = [](auto& t) { return make_tensor(t.data(), acc_rowcol(t.layout())); };
     auto to_p = [&](auto& tSrS) {
-      // tOrP's layout is a reinterpretation of the accumulator's registers
-      // (acc_to_operand_a), so the copy is by register offset, not coordinate.
-      Tensor p = convert_fragment<Element>(tSrS);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tOrP); ++i) tOrP.data()[i] = p.data()[i];
+      if constexpr (Traits::kFp8) {
+        // A register (kb, v2, v1) = row half v1, slots 32 kb + 16 v2 + 4q + [0, 4):
+        // accumulator entries base + {0, 1, 4, 5} (slot_key: columns 2q + {0, 1, 8, 9}).
+        cutlass::NumericArrayConverter<Element, float, 4> convert;
+        uint32_t* dst = reinterpret_cast<uint32_t*>(tOrP.data());
+        CUTLASS_PRAGMA_UNROLL
+        for (int kb = 0; kb < kBlockN / 32; ++kb) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int v2 = 0; v2 < 2; ++v2) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int v1 = 0; v1 < 2; ++v1) {
+              const int base = 2 * v1 + 4 * (4 * kb + 2 * v2);
+              cutlass::Array<float, 4> f;
+              CUTLASS_PRAGMA_UNROLL
+              for (int t = 0; t < 4; ++t) f[t] = tSrS(base + (t & 1) + 4 * (t >> 1));
+              auto e = convert(f);
+              dst[4 * kb + 2 * v2 + v1] = reinterpret_cast<uint32_t const&>(e);
+            }
+          }
+        }
+      } else {
+        // tOrP's layout is a reinterpretation of the accumulator's registers
+        // (acc_to_operand_a), so the copy is by register offset, not coordinate.
+        Tensor p = convert_fragment<Element>(tSrS);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tOrP); ++i) tOrP.data()[i] = p.data()[i];
+      }
     };
 
     clear(tOrO);
@@ -479,7 +616,7 @@ struct FwdMainloop {
         wgmma_gemm<true, -1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
         if constexpr (Traits::kRescaleOBeforeGemm) {
           Tensor o = rowcol(tOrO);
-          if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+          if (rescale) SoftmaxT::rescale_o(o, row_scale);
         }
         wait_kv(params, pipeline_v, read_v);
         wgmma_gemm<false, -1>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
@@ -495,7 +632,7 @@ struct FwdMainloop {
         to_p(tSrS);
         if constexpr (!Traits::kRescaleOBeforeGemm) {
           Tensor o = rowcol(tOrO);
-          if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+          if (rescale) SoftmaxT::rescale_o(o, row_scale);
         }
       } else {
         wait_kv(params, pipeline_k, read);
@@ -510,7 +647,7 @@ struct FwdMainloop {
         Tensor s = rowcol(tSrS);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
         Tensor o = rowcol(tOrO);
-        if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        if (rescale) SoftmaxT::rescale_o(o, row_scale);
         to_p(tSrS);
         wait_kv(params, pipeline_v, read);
         wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
@@ -541,7 +678,7 @@ struct FwdMainloop {
     if constexpr (Traits::kIntraWGOverlap) {
       if constexpr (Traits::kRescaleOBeforeGemm) {
         Tensor o = rowcol(tOrO);
-        if (rescale) OnlineSoftmax<kNRows>::rescale_o(o, row_scale);
+        if (rescale) SoftmaxT::rescale_o(o, row_scale);
       }
       wait_kv(params, pipeline_v, read);
       wgmma_gemm<false, 0>(tiled_mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);

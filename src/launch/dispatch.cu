@@ -120,7 +120,9 @@ size_t forward_workspace_bytes(const FwdParams& p) {
   const int64_t pack = fwd_pack_gqa(p) ? p.heads_q / p.heads_kv : 1;
   size_t base = 0;
   if (!p.varlen) {
-    const bool dynamic_causal = p.is_causal && !p.is_local && fwd_has_short_causal(p.head_dim, p.head_dim_v) &&
+    // (FP8 has no dynamic persistent kernel: fwd_tile_config.)
+    const bool dynamic_causal = p.is_causal && !p.is_local && p.dtype != DType::kFloat8E4M3 &&
+                                fwd_has_short_causal(p.head_dim, p.head_dim_v) &&
                                 fwd_short_causal(p.head_dim, p.seqlen_k) && !fwd_runs_packed(p);
     base = dynamic_causal ? kFwdTileCounterBytes : 0;
   } else {

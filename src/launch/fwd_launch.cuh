@@ -122,6 +122,17 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.softmax_scale = sc.lse_scale;
   kp.softmax_scale_log2 = sc.scale_log2;
   if constexpr (Traits::ScoreMod::kEnabled) kp.score_mod_scale = sc.pre_scale;
+  if constexpr (Traits::kFp8) {
+    kp.q_descale = p.q_descale;
+    kp.k_descale = p.k_descale;
+    kp.v_descale = p.v_descale;
+    kp.q_descale_batch_stride = p.q_descale_batch_stride;
+    kp.q_descale_head_stride = p.q_descale_head_stride;
+    kp.k_descale_batch_stride = p.k_descale_batch_stride;
+    kp.k_descale_head_stride = p.k_descale_head_stride;
+    kp.v_descale_batch_stride = p.v_descale_batch_stride;
+    kp.v_descale_head_stride = p.v_descale_head_stride;
+  }
   return Status::Ok();
 }
 
@@ -364,17 +375,19 @@ Status run_fwd_packed(const FwdParams& p, cudaStream_t stream) {
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, class Scheduler,
           bool kCausalOrLocal, bool kShortCausal = false>
 Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
-  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft, kShortCausal>;
+  constexpr bool kFp8 = sizeof(Element) == 1;
+  using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft, kShortCausal, kFp8>;
   using PersistentSched = std::conditional_t<kCausalOrLocal, DynamicLptTileScheduler, PersistentTileScheduler>;
   using Sched = std::conditional_t<Base::value.persistent, PersistentSched, Scheduler>;
-  return launch_fwd_variant<FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask, false, ScoreMod>, Sched>(p, stream);
+  using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask, false, ScoreMod, false, FwdOutputOf<Element>>;
+  return launch_fwd_variant<Traits, Sched>(p, stream);
 }
 
 // Mask variant and scheduler: causal/local tiles are unequal, so they use the
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 // ScoreMod (the manifest's feature axis) is fixed per generated unit.
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
-Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_16bit(const FwdParams& p, cudaStream_t stream) {
   if (p.varlen) {
     if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true>(p, stream);
     if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true>(p, stream);
@@ -399,6 +412,20 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
     }
   }
   return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(p, stream);
+}
+
+template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
+Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  if constexpr (sizeof(Element) == 1) {
+    // FP8: fixed length; causal and local tiles one per CTA, longest first
+    // (no short-causal persistent kernel: fwd_tile_config).
+    if (p.varlen) return Status::NotSupported("fp8 with variable-length batches (opts.cu_seqlens_q)");
+    if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(p, stream);
+    if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(p, stream);
+    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(p, stream);
+  } else {
+    return run_fwd_16bit<Element, kHeadDim, kHeadDimV, ScoreMod>(p, stream);
+  }
 }
 
 }  // namespace flash3

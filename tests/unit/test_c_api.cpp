@@ -333,11 +333,21 @@ TEST_F(CApi, BadNdim) {
   EXPECT_TRUE(contains(last_error(), "v.ndim is 7")) << last_error();
 }
 
-TEST_F(CApi, Fp8IsNotSupported) {
+TEST_F(CApi, Fp8DescalesAreChecked) {
+  Fwd f;
+  f.q.dtype = f.k.dtype = f.v.dtype = FLASH3_FP8_E4M3;
+  const flash3_tensor bad = tensor(0xC000000, FLASH3_FP32, 2, {2, 8});  // heads_q instead of heads_kv
+  EXPECT_EQ(flash3_forward_fp8(&f.q, &f.k, &f.v, &f.out, &f.lse, nullptr, &bad, nullptr, &f.opts, nullptr, 0, nullptr),
+            FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "flash3_forward_fp8")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "k_descale has shape")) << last_error();
+}
+
+TEST_F(CApi, Fp8WritesBf16) {
   Fwd f;
   f.q.dtype = f.k.dtype = f.v.dtype = f.out.dtype = FLASH3_FP8_E4M3;
-  EXPECT_EQ(f.validate(), FLASH3_NOT_SUPPORTED);
-  EXPECT_TRUE(contains(last_error(), "fp8")) << last_error();
+  EXPECT_EQ(f.validate(), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "expected bf16")) << last_error();
 }
 
 TEST_F(CApi, MisalignedLse) {

@@ -209,7 +209,7 @@ TEST_F(ValidationForward, QDtypeFp32Rejected) {
   Dims p;
   p.dt = DType::kFloat32;
   EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kInvalidArgument,
-                      {"q.dtype is fp32; expected fp16 or bf16"}));
+                      {"q.dtype is fp32; expected fp16, bf16 or fp8_e4m3"}));
 }
 
 TEST_F(ValidationForward, KDtypeMismatch) {
@@ -224,10 +224,79 @@ TEST_F(ValidationForward, OutDtypeMismatch) {
   EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out.dtype", "fp32", "bf16"}));
 }
 
-TEST_F(ValidationForward, Fp8NotSupported) {
+// FP8: q / k / v fp8_e4m3, out bf16, optional (b, hkv) fp32 descales.
+ForwardArgs make_fp8(const Dims& d = {}) {
+  Dims p = d;
+  p.dt = DType::kFloat8E4M3;
+  ForwardArgs a = make_fwd(p);
+  a.out.dtype = DType::kBFloat16;
+  const int64_t shape[2] = {p.b, p.hkv};
+  a.q_descale = TensorView::contiguous(fake(0xC000000), DType::kFloat32, 2, shape);
+  a.k_descale = TensorView::contiguous(fake(0xC100000), DType::kFloat32, 2, shape);
+  a.v_descale = TensorView::contiguous(fake(0xC200000), DType::kFloat32, 2, shape);
+  return a;
+}
+
+TEST_F(ValidationForward, Fp8Accepted) {
+  expect_valid_forward(make_fp8());
+  ForwardArgs a = make_fp8();
+  a.q_descale = a.k_descale = a.v_descale = TensorView{};  // descales of 1
+  expect_valid_forward(a);
+}
+
+TEST_F(ValidationForward, Fp8MixedDtypes) {
+  ForwardArgs a = make_fp8();
+  a.k.dtype = DType::kBFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k.dtype is bf16", "fp8_e4m3"}));
+  a = make_fp8();
+  a.q.dtype = DType::kBFloat16;  // bf16 q with fp8 k
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k.dtype is fp8_e4m3", "bf16"}));
+}
+
+TEST_F(ValidationForward, Fp8OutputIsBf16) {
+  for (DType dt : {DType::kFloat8E4M3, DType::kFloat16, DType::kFloat32}) {
+    ForwardArgs a = make_fp8();
+    a.out.dtype = dt;
+    EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"out.dtype", "expected bf16"}));
+  }
+}
+
+TEST_F(ValidationForward, Fp8Descales) {
+  ForwardArgs a = make_fp8();
+  a.k_descale.dtype = DType::kBFloat16;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k_descale.dtype is bf16", "fp32"}));
+  a = make_fp8();
+  a.v_descale.shape[1] = 8;  // heads_q instead of heads_kv
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"v_descale has shape", "(batch, heads_kv) = (2, 2)"}));
+  a = make_fp8();
+  a.q_descale.ndim = 1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"q_descale has shape"}));
+  a = make_fp8();
+  a.q_descale.data = fake(0xC000002);
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"q_descale.data", "4-byte"}));
+  a = make_fp8();
+  a.k_descale.data = nullptr;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"k_descale.data is null"}));
+  // Descales with 16-bit inputs.
+  ForwardArgs b = make_fwd();
+  b.q_descale = a.q_descale;
+  EXPECT_TRUE(IsError(flash3::validate_forward(b), StatusCode::kInvalidArgument, {"q_descale is given", "bf16"}));
+}
+
+TEST_F(ValidationForward, Fp8StridesAre16Bytes) {
+  ForwardArgs a = make_fp8();
+  a.k.stride[2] = 72;  // 72 bytes between heads of d = 64: not a multiple of 16
+  a.k.stride[1] = 144;
+  a.k.stride[0] = 144 * 256;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument,
+                      {"k", "stride", "expected a multiple of 16 elements"}));
+}
+
+TEST_F(ValidationForward, Fp8ElsewhereNotSupported) {
   Dims p;
   p.dt = DType::kFloat8E4M3;
-  EXPECT_TRUE(IsError(flash3::validate_forward(make_fwd(p)), StatusCode::kNotSupported, {"fp8", "q.dtype"}));
+  EXPECT_TRUE(IsError(flash3::validate_backward(make_bwd(p)), StatusCode::kNotSupported, {"fp8", "backward"}));
 }
 
 // ----------------------------------------------------------------------------
@@ -613,6 +682,12 @@ ForwardArgs make_varlen(int64_t total_q = 300, int64_t total_k = 500) {
   a.opts.max_seqlen_k = 300;
   a.opts.num_sequences = 3;
   return a;
+}
+
+TEST_F(ValidationForward, Fp8VarlenNotSupported) {
+  ForwardArgs a = make_varlen();
+  for (TensorView* t : {&a.q, &a.k, &a.v}) t->dtype = DType::kFloat8E4M3;
+  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kNotSupported, {"fp8", "cu_seqlens_q"}));
 }
 
 // The varlen backward arguments of make_varlen()'s forward.
