@@ -97,6 +97,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -164,6 +165,8 @@ std::string dtype_str(at::ScalarType t) {
   switch (t) {
     case at::kHalf: return "torch.float16";
     case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
     case at::kFloat: return "torch.float32";
     case at::kDouble: return "torch.float64";
     case at::kInt: return "torch.int32";
@@ -180,6 +183,7 @@ flash3::DType to_f3(at::ScalarType t) {
   switch (t) {
     case at::kHalf: return flash3::DType::kFloat16;
     case at::kBFloat16: return flash3::DType::kBFloat16;
+    case at::kFloat8_e4m3fn: return flash3::DType::kFloat8E4M3;
     case at::kFloat: return flash3::DType::kFloat32;
     default: return flash3::DType::kFloat32;  // never reached: dtypes are checked first
   }
@@ -236,17 +240,22 @@ std::string built_head_dims(flash3::DType dt, bool forward) {
 bool kernel_built(flash3::DType dt, int64_t d, int64_t dv, bool forward) {
   if (d < 8 || d > 256 || dv < 8 || dv > 256 || d % 8 || dv % 8) return false;
   static std::once_flag once;
-  static bool table[2][2][33][33];  // [forward][dtype][d/8][dv/8]
+  static constexpr flash3::DType kTypes[3] = {flash3::DType::kFloat16, flash3::DType::kBFloat16,
+                                              flash3::DType::kFloat8E4M3};
+  static bool table[2][3][33][33];  // [forward][dtype][d/8][dv/8]
   std::call_once(once, [] {
     for (int f = 0; f < 2; ++f)
-      for (int t = 0; t < 2; ++t)
+      for (int t = 0; t < 3; ++t)
         for (int a = 1; a <= 32; ++a)
           for (int b = 1; b <= 32; ++b) {
-            const auto dt = t ? flash3::DType::kBFloat16 : flash3::DType::kFloat16;
+            const auto dt = kTypes[t];
             table[f][t][a][b] = f ? flash3::forward_is_built(dt, 8 * a, 8 * b) : flash3::backward_is_built(dt, 8 * a, 8 * b);
           }
   });
-  return table[forward ? 1 : 0][dt == flash3::DType::kBFloat16 ? 1 : 0][d / 8][dv / 8];
+  int t = 0;
+  while (t < 3 && kTypes[t] != dt) ++t;
+  if (t == 3) return false;
+  return table[forward ? 1 : 0][t][d / 8][dv / 8];
 }
 
 void check_head_dim(const Tensor& q, const Tensor& v, const char* v_name = "v") {
@@ -256,20 +265,25 @@ void check_head_dim(const Tensor& q, const Tensor& v, const char* v_name = "v") 
 }
 
 // q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen).
-void check_qkv_device_dtype(const Tensor& q, const Tensor& k, const Tensor& v) {
+// fp8: the FP8 forward (fwd_fp8), whose q / k / v are torch.float8_e4m3fn.
+void check_qkv_device_dtype(const Tensor& q, const Tensor& k, const Tensor& v, bool fp8 = false) {
   check_cuda(q, "q");
   check_cuda(k, "k");
   check_cuda(v, "v");
   check_same_device(k, "k", q, "q");
   check_same_device(v, "v", q, "q");
-  check_dtype_q(q);
+  if (fp8) {
+    if (!(q.scalar_type() == at::kFloat8_e4m3fn)) type_error("flash3: q.dtype is ", dtype_str(q.scalar_type()), "; expected torch.float8_e4m3fn (flash3's FP8 kernels take e4m3fn; e5m2 is not supported)");
+  } else {
+    check_dtype_q(q);
+  }
   check_same_dtype(k, "k", q);
   check_same_dtype(v, "v", q);
 }
 
 // All the tensor checks of the forward, in the order a user would want to hear about them.
-void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_qkv_device_dtype(q, k, v);
+void check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool fp8 = false) {
+  check_qkv_device_dtype(q, k, v, fp8);
   check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
   check_4d(k, "k", "(batch, seqlen_k, num_heads_kv, head_dim)");
   check_4d(v, "v", "(batch, seqlen_k, num_heads_kv, head_dim_v)");
@@ -527,6 +541,37 @@ Workspace caching_workspace(size_t bytes, const Tensor& like) {
 // ---------------------------------------------------------------------------
 // CUDA kernels of the ops.
 // ---------------------------------------------------------------------------
+// One fixed-length forward call: out (out_dtype) and lse allocated, scratch
+// from the caching allocator, then flash3::forward on the current stream.
+// descales: q / k / v's FP8 descales (undefined tensors: none).
+std::tuple<Tensor, Tensor> run_fixed_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const flash3::AttentionOptions& opts, at::ScalarType out_dtype,
+                                             std::array<std::optional<Tensor>, 3> descales, const char* what) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
+  Tensor out = at::empty({b, sq, hq, dv}, q.options().dtype(out_dtype));
+  Tensor lse = at::empty({b, hq, sq}, q.options().dtype(at::kFloat));
+
+  flash3::ForwardArgs args;
+  args.q = view(q);
+  args.k = view(k);
+  args.v = view(v);
+  args.out = view(out);
+  args.lse = view(lse);
+  if (descales[0]) args.q_descale = view(*descales[0]);
+  if (descales[1]) args.k_descale = view(*descales[1]);
+  if (descales[2]) args.v_descale = view(*descales[2]);
+  args.opts = opts;
+  if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
+  // The persistent causal kernels' tile counter (most calls need none).
+  const Workspace ws = caching_workspace(flash3::forward_workspace_size(args), q);
+  args.workspace = ws.ptr;
+  args.workspace_bytes = ws.bytes;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+  throw_if_error(flash3::forward(args, stream), what);
+  return {out, lse};
+}
+
 std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                     int64_t window_right, double softcap, bool deterministic, int64_t pack_gqa,
@@ -536,28 +581,43 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
   check_softcap(softcap);
   check_pack_gqa(pack_gqa);
   check_num_splits(num_splits);
-  const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v.size(3);
-  Tensor out = at::empty({b, sq, hq, dv}, q.options());
-  Tensor lse = at::empty({b, hq, sq}, q.options().dtype(at::kFloat));
+  flash3::AttentionOptions opts =
+      make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
+  opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
+  return run_fixed_forward(q, k, v, opts, q.scalar_type(), {}, "forward");
+}
 
-  flash3::ForwardArgs args;
-  args.q = view(q);
-  args.k = view(k);
-  args.v = view(v);
-  args.out = view(out);
-  args.lse = view(lse);
-  args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
-  args.opts.pack_gqa = static_cast<int>(pack_gqa);  // in [-1, 1]: checked
-  args.opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
-  if (lse.numel() == 0) args.lse = flash3::TensorView{};  // nothing to store; a null lse is "not stored"
-  // The persistent causal kernels' tile counter (most calls need none).
-  const Workspace ws = caching_workspace(flash3::forward_workspace_size(args), q);
-  args.workspace = ws.ptr;
-  args.workspace_bytes = ws.bytes;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  throw_if_error(flash3::forward(args, stream), "forward");
-  return {out, lse};
+// FP8 forward (FlashAttention-3's flash_attn_func with float8_e4m3fn q / k / v):
+// out bf16, descales (batch, num_heads_kv) fp32 or None (1). Forward only.
+void check_fp8_descale(const std::optional<Tensor>& d, const char* name, const Tensor& q, int64_t b, int64_t hkv) {
+  if (!d) return;
+  check_cuda(*d, name);
+  check_same_device(*d, name, q, "q");
+  if (!(d->scalar_type() == at::kFloat)) type_error("flash3: ", name, ".dtype is ", dtype_str(d->scalar_type()), "; expected torch.float32");
+  if (!(d->dim() == 2 && d->size(0) == b && d->size(1) == hkv)) value_error("flash3: ", name, " has shape ", shape_str(*d), "; expected (batch, num_heads_kv) = (", b, ", ", hkv, ")");
+}
+
+std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const std::optional<Tensor>& q_descale, const std::optional<Tensor>& k_descale,
+                                        const std::optional<Tensor>& v_descale, std::optional<double> softmax_scale,
+                                        bool causal, int64_t window_left, int64_t window_right) {
+  check_forward_inputs(q, k, v, /*fp8=*/true);
+  check_softmax_scale(softmax_scale);
+  const int64_t b = q.size(0), hkv = k.size(2);
+  check_fp8_descale(q_descale, "q_descale", q, b, hkv);
+  check_fp8_descale(k_descale, "k_descale", q, b, hkv);
+  check_fp8_descale(v_descale, "v_descale", q, b, hkv);
+  return run_fixed_forward(q, k, v, make_opts(softmax_scale, causal, window_left, window_right, 0.0, false),
+                           at::kBFloat16, {q_descale, k_descale, v_descale}, "fp8 forward");
+}
+
+std::tuple<Tensor, Tensor> fwd_fp8_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const std::optional<Tensor>&, const std::optional<Tensor>&,
+                                       const std::optional<Tensor>&, std::optional<double>, bool, int64_t, int64_t) {
+  check_forward_inputs(q, k, v, /*fp8=*/true);  // raises for the first CPU tensor
+  runtime_error("flash3: unreachable");
+  return {};
 }
 
 // The backward call shared by the fixed-length and varlen ops: gradients
@@ -684,7 +744,8 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cuda(
   const Tensor dout = kernel_layout(dout_in, false);
   const Tensor lse_k = kernel_layout(lse, true);
   const Tensor out_k = kernel_layout(out, false);
-  flash3::AttentionOptions opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
+  flash3::AttentionOptions opts =
+      make_opts(softmax_scale, causal, window_left, window_right, softcap, deterministic);
   set_varlen_opts(&opts, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k);
   // Rows no sequence uses get no gradient from the kernels: zeros, as in FlashAttention-3.
   return run_backward(q, k, v, out_k, dout, lse_k, dlse, opts, /*zero_grads=*/true, "varlen backward");
@@ -1299,8 +1360,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache_autograd(
 // Helpers for Python (introspection and the overhead benchmark).
 // ---------------------------------------------------------------------------
 int dtype_code(at::ScalarType t) {
-  if (!(t == at::kHalf || t == at::kBFloat16)) type_error("flash3: dtype must be torch.float16 or torch.bfloat16, got ", dtype_str(t));
-  return t == at::kHalf ? 0 : 1;
+  if (!(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat8_e4m3fn)) type_error("flash3: dtype must be torch.float16, torch.bfloat16 or torch.float8_e4m3fn, got ", dtype_str(t));
+  return t == at::kHalf ? 0 : (t == at::kBFloat16 ? 1 : 2);
 }
 
 bool py_forward_is_built(at::ScalarType t, int64_t d, int64_t dv) {
@@ -1375,6 +1436,11 @@ TORCH_LIBRARY(flash3, m) {
       "Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
       "bool deterministic=False, Tensor? dlse=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // FP8 (float8_e4m3fn q / k / v), forward only: out bf16.
+  m.def(
+      "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None, "
+      "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
   // Writes out and softmax_lse in place (flash3.flash_attn_combine allocates them).
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out, Tensor(b!) softmax_lse) -> ()");
   // Writes the new rows k / v (when given) into k_cache / v_cache in place.
@@ -1394,6 +1460,7 @@ TORCH_LIBRARY(flash3, m) {
 
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
+  m.impl("fwd_fp8", &fwd_fp8_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("varlen_fwd", &varlen_fwd_cuda);
   m.impl("varlen_bwd", &varlen_bwd_cuda);
@@ -1403,6 +1470,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("fwd", &fwd_cpu);
+  m.impl("fwd_fp8", &fwd_fp8_cpu);
   m.impl("bwd", &bwd_cpu);
   m.impl("varlen_fwd", &varlen_fwd_cpu);
   m.impl("varlen_bwd", &varlen_bwd_cpu);

@@ -18,6 +18,10 @@ The work is done by three operators registered by the C++ extension ``flash3._C`
   seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
   window_right, softcap, deterministic, dlse=None) -> (dq, dk, dv)`` (variable length; dq / dk / dv
   are 0 in the rows no sequence covers)
+* ``torch.ops.flash3.fwd_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None,
+  softmax_scale=None, causal=False, window_left=-1, window_right=-1) -> (out, softmax_lse)`` (FP8:
+  torch.float8_e4m3fn q / k / v, descales (batch, num_heads_kv) torch.float32, out torch.bfloat16;
+  forward only)
 * ``torch.ops.flash3.combine(out_partial, lse_partial, out, softmax_lse) -> ()`` (split-KV
   combine, writes out and softmax_lse in place; ``flash_attn_combine`` allocates them)
 * ``torch.ops.flash3.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -55,6 +59,7 @@ _varlen_fwd = torch.ops.flash3.varlen_fwd.default
 _varlen_bwd = torch.ops.flash3.varlen_bwd.default
 _combine = torch.ops.flash3.combine.default
 _fwd_kvcache = torch.ops.flash3.fwd_kvcache.default
+_fwd_fp8 = torch.ops.flash3.fwd_fp8.default
 _forward_plan = torch.ops.flash3.forward_plan.default
 
 _INT32_MAX = 2 ** 31 - 1
@@ -105,8 +110,9 @@ def _built_list(dtype, forward=True):
     return ", ".join(f"({d}, {dv})" for d, dv in pairs) or "none"
 
 
-def _check_qkv_device_dtype(q, k, v):
-    """q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen)."""
+def _check_qkv_device_dtype(q, k, v, fp8=False):
+    """q, k, v: CUDA tensors of one device, fp16 / bf16 (fp8: float8_e4m3fn), one dtype (fixed length
+    and varlen)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -118,7 +124,10 @@ def _check_qkv_device_dtype(q, k, v):
         if t.device != q.device:
             raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
                              "expected all tensors on the same CUDA device")
-    if q.dtype not in (torch.float16, torch.bfloat16):
+    if fp8 and q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float8_e4m3fn (flash3's FP8 "
+                        "kernels take e4m3fn; e5m2 is not supported)")
+    if not fp8 and q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
@@ -126,8 +135,8 @@ def _check_qkv_device_dtype(q, k, v):
                             "to match q.dtype")
 
 
-def _check_forward_inputs(q, k, v):
-    _check_qkv_device_dtype(q, k, v)
+def _check_forward_inputs(q, k, v, fp8=False):
+    _check_qkv_device_dtype(q, k, v, fp8)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected a 4-d "
@@ -371,6 +380,37 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
     b, sq, hq, _ = q.shape
     dv = v.shape[3]
     out = q.new_empty((b, sq, hq, dv))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+def _check_fp8_inputs(q, k, v, q_descale, k_descale, v_descale):
+    """The checks of torch.ops.flash3.fwd_fp8 (csrc/flash3_torch.cpp, same messages)."""
+    _check_forward_inputs(q, k, v, fp8=True)
+    b, hkv = q.shape[0], k.shape[2]
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
+                             f"(move it with {name}.cuda())")
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
+                             "expected all tensors on the same CUDA device")
+        if t.dtype != torch.float32:
+            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected torch.float32")
+        if t.dim() != 2 or t.shape[0] != b or t.shape[1] != hkv:
+            raise ValueError(f"flash3: {name} has shape {tuple(t.shape)}; expected (batch, num_heads_kv) = "
+                             f"({b}, {hkv})")
+
+
+@torch.library.register_fake("flash3::fwd_fp8")
+def _fwd_fp8_fake(q, k, v, q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                  window_left=-1, window_right=-1):
+    _check_fp8_inputs(q, k, v, q_descale, k_descale, v_descale)
+    _check_softmax_scale(softmax_scale)
+    b, sq, hq, _ = q.shape
+    out = q.new_empty((b, sq, hq, v.shape[3]), dtype=torch.bfloat16)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
 
@@ -711,10 +751,13 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rota
 # Public API.
 # ---------------------------------------------------------------------------
 def _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk):
-    """FlashAttention-3 features flash3 does not have: NotImplementedError unless left at the default."""
-    if qv is not None or q_descale is not None or k_descale is not None or v_descale is not None:
-        raise NotImplementedError("flash3: qv / q_descale / k_descale / v_descale are not supported yet; "
-                                  "pass None")
+    """FlashAttention-3 features flash3 does not have: NotImplementedError unless left at the default.
+    (flash_attn_func takes the descales with FP8 inputs.)"""
+    if qv is not None:
+        raise NotImplementedError("flash3: qv is not supported yet; pass None")
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        raise NotImplementedError("flash3: q_descale / k_descale / v_descale apply to FP8 (torch.float8_e4m3fn) "
+                                  "inputs of flash_attn_func only; pass None")
     if attention_chunk != 0:
         raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
 
@@ -755,7 +798,8 @@ def flash_attn_func(
     """Scaled dot-product attention, FlashAttention-3 interface (positional order included).
 
     Arguments:
-        q: (batch, seqlen_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper GPU.
+        q: (batch, seqlen_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper GPU;
+            or torch.float8_e4m3fn (FP8, forward only: see q_descale).
         k: (batch, seqlen_k, num_heads_kv, head_dim), same dtype and device as q.
         v: (batch, seqlen_k, num_heads_kv, head_dim_v), same dtype and device as q.
             Any batch / seqlen / head strides; the last dimension must have stride 1.
@@ -771,8 +815,14 @@ def flash_attn_func(
         causal: causal mask, aligned to the bottom-right corner when seqlen_q != seqlen_k
             (query i attends to keys j <= i + seqlen_k - seqlen_q); the same mask as
             window_size=(-1, 0) without causal.
-        qv, q_descale, k_descale, v_descale: FlashAttention-3 arguments flash3 does not implement
-            yet; they must be None (NotImplementedError otherwise).
+        qv: a FlashAttention-3 argument flash3 does not implement yet; it must be None
+            (NotImplementedError otherwise).
+        q_descale, k_descale, v_descale: FP8 inputs only (q, k, v torch.float8_e4m3fn): the
+            dequantization factors, (batch, num_heads_kv) torch.float32 on q's device, or None
+            (1). The scores are softmax_scale * (q_descale * q) @ (k_descale * k)^T and the output
+            P @ (v_descale * v), in torch.bfloat16. FP8 calls are forward only (an input that
+            requires grad raises RuntimeError) and take no softcap; the kernels keep the FP8
+            precision of the inputs and of P (docs/design.md, "FP8").
         window_size: (left, right) sliding window, FlashAttention-3's rules. Query i attends to
             key j iff
                 j >= i + seqlen_k - seqlen_q - left   (when left >= 0) and
@@ -836,6 +886,9 @@ def flash_attn_func(
             kernels.
         RuntimeError: a CUDA error.
     """
+    if isinstance(q, torch.Tensor) and q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
+                               attention_chunk, softcap, return_attn_probs or return_lse)
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
@@ -843,6 +896,22 @@ def flash_attn_func(
     out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
                     _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
     if return_attn_probs or return_lse:
+        return out, lse
+    return out
+
+
+def _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
+                    attention_chunk, softcap, return_lse):
+    """flash_attn_func's FP8 path (torch.ops.flash3.fwd_fp8): forward only, out torch.bfloat16."""
+    _check_not_implemented(qv, None, None, None, attention_chunk)
+    if softcap != 0.0:
+        raise NotImplementedError(f"flash3: softcap={softcap} with FP8 inputs is not supported yet; pass 0.0")
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("flash3: FP8 attention is forward-only (no backward), but an input requires grad; "
+                           "detach q / k / v or run the bf16 / fp16 path for training")
+    window_left, window_right = _window_sides(window_size)
+    out, lse = _fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right)
+    if return_lse:
         return out, lse
     return out
 

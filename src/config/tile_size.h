@@ -146,18 +146,14 @@ constexpr FwdTileConfig fwd_tile_config(int d, int dv, bool causal_or_local, boo
   FwdTileConfig c = fwd_tile_shape(d, dv, causal_or_local, local);
   if (fp8) {
     if (d > 128 && d <= 192) c.tile_n = local ? 64 : 128;  // 112 is not a multiple of 32
-#ifdef FLASH3_FP8_D128_TILE_N
-    if (d > 64 && d <= 128) c.tile_n = FLASH3_FP8_D128_TILE_N;
-#endif
-#ifdef FLASH3_FP8_PRODUCER_REGS
-    if (c.num_mma_wg == 2) {
-      c.producer_regs = FLASH3_FP8_PRODUCER_REGS;
-      c.consumer_regs = (65536 - 128 * FLASH3_FP8_PRODUCER_REGS) / 256 / 8 * 8;
-      return c.rescale_slack = 0, c.persistent = d <= 128 && !causal_or_local, c;
-    }
-#endif
     c.rescale_slack = 0;
     c.persistent = d <= 128 && !causal_or_local;
+    // Three stages of K, V and the transposed V where they fit (d = 192 has
+    // room for two): with two, the transpose of block j + 2 waits for both
+    // consumer warpgroups to release sVt(j) and then has less than a block's
+    // time left. d = 128 / 256 +3 to +9%, d = 64 within +-2% (with the
+    // transpose's two units per trip; docs/performance.md, "FP8 forward").
+    if (d <= 128 || d > 192) c.num_stages = 3;
     // The transposing producer warps need more than 24 registers.
     if (c.num_mma_wg == 2) {
       c.producer_regs = 40;

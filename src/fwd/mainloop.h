@@ -429,8 +429,8 @@ struct FwdMainloop {
   // 2q + 9: two byte permutes give, per column, keys 2q, 2q + 1, 2q + 8,
   // 2q + 9 side by side, which is k-slots 4q .. 4q + 3 of the chunk, the
   // order to_p's P has (slot_key). Under the 128-byte swizzle the LDSM rows
-  // (8 consecutive keys) hit 8 different 16-byte bank groups; the STSM rows
-  // (every other column) 4, a two-way conflict.
+  // (8 consecutive keys) hit 8 different 16-byte bank groups, and so do the
+  // STSM rows (st_col below).
   static constexpr int kTransposeChunks = kBlockN / 16;
   static constexpr int kTransposeUnits = kTransposeChunks * (Traits::kHeadDimV / 32);
   struct TransposeUnit {
@@ -444,17 +444,33 @@ struct FwdMainloop {
     using Row = cute::uint128_t;
     const int warp = t / 32, lane = t % 32;
     const int m = lane / 8, r = lane % 8;  // the matrix and row this lane addresses
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int unit = warp; unit < kTransposeUnits; unit += Traits::kNumTransposeThreads / 32) {
+    // Lanes 16-31 (rows 4-7 of each matrix) store odd columns in the "even"
+    // registers and even ones in the "odd": matrix 0's rows are then columns
+    // 0, 2, 4, 6, 9, 11, 13, 15, eight different 16-byte bank groups under the
+    // 128-byte swizzle (all-even rows hit four, a two-way conflict).
+    const uint32_t sel_e = lane < 16 ? 0x6420 : 0x7531, sel_o = lane < 16 ? 0x7531 : 0x6420;
+    const int st_col = 2 * r + ((m & 1) ^ (r >> 2));  // this lane's STSM row, within 16 columns
+    auto unit_step = [&](int unit) {
       const TransposeUnit u = transpose_unit(unit);
       const int col0 = 32 * u.pair + 16 * (m >> 1);
       uint32_t a0, b0, a1, b1;
       SM75_U16x8_LDSM_T::copy(*reinterpret_cast<Row const*>(&sV(16 * u.chunk + 8 * (m & 1) + r, col0)), a0, b0, a1,
                               b1);
-      const uint32_t e0 = __byte_perm(a0, b0, 0x6420), o0 = __byte_perm(a0, b0, 0x7531);
-      const uint32_t e1 = __byte_perm(a1, b1, 0x6420), o1 = __byte_perm(a1, b1, 0x7531);
-      SM90_U32x4_STSM_N::copy(e0, o0, e1, o1, *reinterpret_cast<Row*>(&sVt(col0 + 2 * r + (m & 1), 16 * u.chunk)));
+      const uint32_t e0 = __byte_perm(a0, b0, sel_e), o0 = __byte_perm(a0, b0, sel_o);
+      const uint32_t e1 = __byte_perm(a1, b1, sel_e), o1 = __byte_perm(a1, b1, sel_o);
+      SM90_U32x4_STSM_N::copy(e0, o0, e1, o1, *reinterpret_cast<Row*>(&sVt(col0 + st_col, 16 * u.chunk)));
+    };
+    // Two units per trip: the second LDSM is in flight while the first
+    // unit's permutes and STSM wait for theirs.
+    constexpr int kWarps = Traits::kNumTransposeThreads / 32;
+    constexpr int kUnroll = 2;
+    int unit = warp;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; unit + (kUnroll - 1) * kWarps < kTransposeUnits; unit += kUnroll * kWarps) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kUnroll; ++i) unit_step(unit + i * kWarps);
     }
+    for (; unit < kTransposeUnits; unit += kWarps) unit_step(unit);
   }
 
   // The transposing threads' loop over one tile's V blocks (the order the
