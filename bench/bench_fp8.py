@@ -4,7 +4,7 @@
 The 14 headline rows (16k tokens, hidden 2048: batch = 16384 / seqlen, heads =
 2048 / d; d = 128 at 4k / 8k / 16k, d = 64 and 256 at 8k / 16k; causal and not).
 Inputs: N(0, 1) bf16, quantized per (batch, KV head) to e4m3 with descales
-(amax / 448). Each row: flash3 bf16 and flash3 fp8 forward TFLOP/s (4 b h s^2 d,
+(amax / 448), or with --block-scales per 128 tokens of each head. Each row: flash3 bf16 and flash3 fp8 forward TFLOP/s (4 b h s^2 d,
 halved for causal; median of CUDA-event-timed calls after --warmup-ms of
 back-to-back calls), their ratio, and the FP8 output's max error against the bf16
 output as a sanity check (the correctness tests are tests/gpu/test_fp8_gpu.cpp).
@@ -28,6 +28,17 @@ def quantize(torch, x):
     return x8, descale.contiguous()
 
 
+def quantize_blocks(torch, x):
+    """(b, s, h, d) -> e4m3 tensor and (b, h, ceil(s / 128)) fp32 block descales."""
+    b, s, h, d = x.shape
+    nb = (s + 127) // 128
+    xp = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, nb * 128 - s))
+    amax = xp.abs().view(b, nb, 128, h, d).amax(dim=(2, 4)).clamp(min=1e-12)  # (b, nb, h)
+    descale = amax / 448.0
+    x8 = (xp / descale.repeat_interleave(128, dim=1)[:, :, :, None])[:, :s].to(torch.float8_e4m3fn)
+    return x8.contiguous(), descale.transpose(1, 2).contiguous()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="libflash3.so")
@@ -35,6 +46,8 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rows", default="", help="d:seqlen[:c] list (default: the 14 headline rows)")
     ap.add_argument("--fp8-only", action="store_true", help="time the FP8 forward only (a build without bf16)")
+    ap.add_argument("--block-scales", action="store_true",
+                    help="FP8 inputs with block descales (batch, heads, seqlen / 128) instead of (batch, heads)")
     a = ap.parse_args()
     import torch
     lib = B.Flash3Lib(a.lib)
@@ -65,7 +78,8 @@ def main():
         tl16 = B.f3_tensor(lse16, B.FLASH3_FP32)
         P = ctypes.byref
         args16 = (P(t16[0]), P(t16[1]), P(t16[2]), P(t16[3]), P(tl16), P(opts), ctypes.c_void_p(stream))
-        (q8, qd), (k8, kd), (v8, vd) = (quantize(torch, x) for x in (q, k, v))
+        qfn = quantize_blocks if a.block_scales else quantize
+        (q8, qd), (k8, kd), (v8, vd) = (qfn(torch, x) for x in (q, k, v))
         out8 = torch.empty_like(q)
         lse8 = torch.empty_like(lse16)
         t8 = [B.f3_tensor(x, B.FLASH3_FP8_E4M3) for x in (q8, k8, v8)] + [B.f3_tensor(out8, B.FLASH3_BF16)]

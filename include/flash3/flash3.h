@@ -141,6 +141,9 @@ struct AttentionOptions {
   int num_splits = 1;
 };
 
+// Tokens per FP8 block scale (ForwardArgs::q_descale, QuantizeFp8Args::block_scales).
+inline constexpr int kFp8ScaleBlock = 128;
+
 struct ForwardArgs {
   TensorView q;     // (b, sq, hq, d)
   TensorView k;     // (b, sk, hkv, d)
@@ -150,10 +153,17 @@ struct ForwardArgs {
                     // ndim 0) means not stored; a view with a shape but no data is an error
   // FP8 (FlashAttention-3's FP8 forward): q, k, v fp8_e4m3 and out bf16.
   // The scores are softmax_scale * (q_descale * q) . (k_descale * k) and the
-  // output P (v_descale * v), with one fp32 descale per (batch, KV head):
-  // optional (b, hkv) views, any strides (TensorView{}: 1). Given for 16-bit
-  // inputs, or with cu_seqlens / softcap / the backward: an error. e4m3 values
-  // are finite (|x| <= 448; NaN inputs give NaN outputs).
+  // output P (v_descale * v). Each descale is optional (TensorView{}: 1), fp32,
+  // any strides, and either
+  //   - (b, hkv): one per (batch, KV head), as FlashAttention-3 takes them, or
+  //   - block scales (seed 6.3): q_descale (b, hq, ceil(sq / kFp8ScaleBlock)),
+  //     k_descale / v_descale (b, hkv, ceil(sk / kFp8ScaleBlock)): one per
+  //     kFp8ScaleBlock tokens of each head (block i: tokens [128 i, 128 i + 128)),
+  //     as quantize_fp8 writes them with block_scales.
+  // The two forms mix freely. Descales must be positive and finite (a zero
+  // descale gives NaN: quantize_fp8 writes 1 for an all-zero block). Given for
+  // 16-bit inputs, or with cu_seqlens / softcap / the backward: an error. e4m3
+  // values are finite (|x| <= 448; NaN inputs give NaN outputs).
   TensorView q_descale, k_descale, v_descale;
   AttentionOptions opts;
   // Scratch memory, 256-byte aligned; query its size with
@@ -279,6 +289,45 @@ struct KVCacheArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
+
+// FP8 quantization for the FP8 forward (FlashAttention-3 leaves it to the
+// caller): x (b, s, h, d) fp16 / bf16 -> out (b, s, h, d) fp8_e4m3 and fp32
+// descales = amax / 448 of each group (1 for an all-zero group), out =
+// round(x / descale) (ties to even, saturating at 448). The groups:
+//   - block_scales = false: each (batch, group of heads_per_scale heads);
+//     descale (b, h / heads_per_scale), contiguous. For q with GQA,
+//     heads_per_scale = heads_q / heads_kv gives the forward's (batch,
+//     heads_kv) q_descale. Two passes over x (the amax first).
+//   - block_scales = true: each kFp8ScaleBlock tokens of each head (seed 6.3);
+//     descale (b, h, ceil(s / kFp8ScaleBlock)), contiguous, the forward's
+//     block-scale form. One pass; heads_per_scale must be 1.
+// hadamard (seed 6.4, incoherent processing): x is first rotated, x -> x
+// (1/sqrt d) H D, H Sylvester's Hadamard matrix and D = diag(+-1), column j's
+// sign the top bit of the j-th splitmix64 draw from hadamard_seed; q and k
+// rotated with the same seed keep q k^T (v must not be rotated: P V would
+// change). d a power of two in [32, 256] with the rotation, a multiple of 8 up
+// to 256 without. Any batch / row / head strides, unit stride in d.
+// rotary_cos / rotary_sin (optional, both or neither; q and k only): rotary
+// applied first, in fp32 (the values are not rounded to x's dtype before the
+// rest): token s rotated by row s of the tables, (seqlen_ro >= seqlen,
+// rotary_dim / 2) in x's dtype, unit stride in the last dimension, 16-byte
+// aligned rows; rotary_dim a multiple of 16 up to d, and with half-split pairs
+// (rotary_interleaved = false, GPT-NeoX: (j, j + rotary_dim / 2)) a power of
+// two; interleaved pairs (2j, 2j + 1) (GPT-J) otherwise. Dims >= rotary_dim
+// are unchanged. For a chunk starting at position p, pass the tables from row p.
+struct QuantizeFp8Args {
+  TensorView x;
+  TensorView out;      // written
+  TensorView descale;  // written
+  int heads_per_scale = 1;
+  bool block_scales = false;
+  bool hadamard = false;
+  uint64_t hadamard_seed = 0;
+  TensorView rotary_cos, rotary_sin;
+  bool rotary_interleaved = true;
+};
+Status validate_quantize_fp8(const QuantizeFp8Args& args);
+Status quantize_fp8(const QuantizeFp8Args& args, cudaStream_t stream);
 
 // Validation only (no launch). Used by forward()/backward()/combine() and
 // exposed for tests and bindings that want to raise before any work is queued.

@@ -88,12 +88,26 @@ flash3_status flash3_forward_with_workspace(const flash3_tensor* q, const flash3
 
 /* FP8 forward (FlashAttention-3's FP8 flash_attn_func; flash3::ForwardArgs
  * in flash3.h): q, k, v FLASH3_FP8_E4M3, out FLASH3_BF16; q_descale,
- * k_descale, v_descale NULL (1) or 2-d (batch, heads_kv) FLASH3_FP32
- * tensors. Otherwise as flash3_forward_with_workspace. */
+ * k_descale, v_descale NULL (1) or FLASH3_FP32 tensors, each either 2-d
+ * (batch, heads_kv) or block scales: q_descale (batch, heads_q,
+ * ceil(seqlen_q / 128)), k_descale / v_descale (batch, heads_kv,
+ * ceil(seqlen_k / 128)), one per 128 tokens of each head. Otherwise as
+ * flash3_forward_with_workspace. */
 flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                                  const flash3_tensor* out, const flash3_tensor* lse, const flash3_tensor* q_descale,
                                  const flash3_tensor* k_descale, const flash3_tensor* v_descale,
                                  const flash3_options* opts, void* workspace, size_t workspace_bytes, void* stream);
+
+/* FP8 quantization for flash3_forward_fp8 (flash3::quantize_fp8 in flash3.h):
+ * x (batch, seqlen, heads, head_dim) FLASH3_FP16 / FLASH3_BF16 -> out (x's
+ * shape) FLASH3_FP8_E4M3, out = round(x / descale), and descale FLASH3_FP32,
+ * contiguous, amax / 448 of each group: (batch, heads / heads_per_scale), or
+ * with block_scales != 0 (batch, heads, ceil(seqlen / 128)). hadamard != 0
+ * rotates each row first (x -> x (1/sqrt d) H D, signs from hadamard_seed; q
+ * and k with one seed, never v). Rows 16-byte aligned. */
+flash3_status flash3_quantize_fp8(const flash3_tensor* x, const flash3_tensor* out, const flash3_tensor* descale,
+                                  int heads_per_scale, int block_scales, int hadamard, uint64_t hadamard_seed,
+                                  void* stream);
 
 /* Bytes of forward scratch the call needs, from the shapes of q, k, v and opts
  * (0: none, as for most fixed-length calls; varlen calls need their

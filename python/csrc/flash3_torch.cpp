@@ -589,13 +589,19 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
 }
 
 // FP8 forward (FlashAttention-3's flash_attn_func with float8_e4m3fn q / k / v):
-// out bf16, descales (batch, num_heads_kv) fp32 or None (1). Forward only.
-void check_fp8_descale(const std::optional<Tensor>& d, const char* name, const Tensor& q, int64_t b, int64_t hkv) {
+// out bf16, descales fp32 or None (1), each (batch, num_heads_kv) or block
+// scales (batch, heads, ceil(seqlen / 128)) with q's heads / seqlen for
+// q_descale and k's for k_descale / v_descale. Forward only.
+void check_fp8_descale(const std::optional<Tensor>& d, const char* name, const Tensor& q, int64_t b, int64_t hkv,
+                       int64_t heads, int64_t seqlen) {
   if (!d) return;
   check_cuda(*d, name);
   check_same_device(*d, name, q, "q");
   if (!(d->scalar_type() == at::kFloat)) type_error("flash3: ", name, ".dtype is ", dtype_str(d->scalar_type()), "; expected torch.float32");
-  if (!(d->dim() == 2 && d->size(0) == b && d->size(1) == hkv)) value_error("flash3: ", name, " has shape ", shape_str(*d), "; expected (batch, num_heads_kv) = (", b, ", ", hkv, ")");
+  const int64_t blocks = (seqlen + flash3::kFp8ScaleBlock - 1) / flash3::kFp8ScaleBlock;
+  const bool per_head = d->dim() == 2 && d->size(0) == b && d->size(1) == hkv;
+  const bool per_block = d->dim() == 3 && d->size(0) == b && d->size(1) == heads && d->size(2) == blocks;
+  if (!(per_head || per_block)) value_error("flash3: ", name, " has shape ", shape_str(*d), "; expected (batch, num_heads_kv) = (", b, ", ", hkv, ") or block scales (batch, num_heads, ceil(seqlen / ", flash3::kFp8ScaleBlock, ")) = (", b, ", ", heads, ", ", blocks, ")");
 }
 
 std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -605,11 +611,53 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   check_forward_inputs(q, k, v, /*fp8=*/true);
   check_softmax_scale(softmax_scale);
   const int64_t b = q.size(0), hkv = k.size(2);
-  check_fp8_descale(q_descale, "q_descale", q, b, hkv);
-  check_fp8_descale(k_descale, "k_descale", q, b, hkv);
-  check_fp8_descale(v_descale, "v_descale", q, b, hkv);
+  check_fp8_descale(q_descale, "q_descale", q, b, hkv, q.size(2), q.size(1));
+  check_fp8_descale(k_descale, "k_descale", q, b, hkv, hkv, k.size(1));
+  check_fp8_descale(v_descale, "v_descale", q, b, hkv, hkv, k.size(1));
   return run_fixed_forward(q, k, v, make_opts(softmax_scale, causal, window_left, window_right, 0.0, false),
                            at::kBFloat16, {q_descale, k_descale, v_descale}, "fp8 forward");
+}
+
+// FP8 quantization for fwd_fp8 (flash3::quantize_fp8): x (batch, seqlen, heads, head_dim) fp16 /
+// bf16 -> (e4m3 tensor of x's shape, fp32 descales: (batch, heads / heads_per_scale), or with
+// block_scales (batch, heads, ceil(seqlen / 128))).
+std::tuple<Tensor, Tensor> quantize_fp8_cuda(const Tensor& x, int64_t heads_per_scale, bool block_scales,
+                                             bool hadamard, int64_t hadamard_seed,
+                                             const std::optional<Tensor>& rotary_cos,
+                                             const std::optional<Tensor>& rotary_sin, bool rotary_interleaved) {
+  check_cuda(x, "x");
+  if (!(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16)) type_error("flash3: x.dtype is ", dtype_str(x.scalar_type()), "; expected torch.float16 or torch.bfloat16");
+  check_4d(x, "x", "(batch, seqlen, num_heads, head_dim)");
+  check_last_dim_contiguous(x, "x", "head_dim");
+  if (!(heads_per_scale >= 1 && x.size(2) % heads_per_scale == 0)) value_error("flash3: heads_per_scale is ", heads_per_scale, "; expected a divisor of x.shape[2] (num_heads) ", x.size(2));
+  const c10::cuda::CUDAGuard guard(x.device());
+  Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  if (block_scales && heads_per_scale != 1) value_error("flash3: heads_per_scale is ", heads_per_scale, " with block_scales=True; expected 1 (block scales are per head)");
+  Tensor descale =
+      block_scales
+          ? at::empty({x.size(0), x.size(2), (x.size(1) + flash3::kFp8ScaleBlock - 1) / flash3::kFp8ScaleBlock},
+                      x.options().dtype(at::kFloat))
+          : at::empty({x.size(0), x.size(2) / heads_per_scale}, x.options().dtype(at::kFloat));
+  flash3::QuantizeFp8Args a;
+  a.x = view(x);
+  a.out = view(out);
+  a.descale = view(descale);
+  a.heads_per_scale = static_cast<int>(heads_per_scale);
+  a.block_scales = block_scales;
+  a.hadamard = hadamard;
+  a.hadamard_seed = static_cast<uint64_t>(hadamard_seed);
+  for (const auto& [t, name] : {std::pair<const std::optional<Tensor>*, const char*>{&rotary_cos, "rotary_cos"},
+                                {&rotary_sin, "rotary_sin"}}) {
+    if (!*t) continue;
+    check_cuda(**t, name);
+    check_same_device(**t, name, x, "x");
+  }
+  if (rotary_cos) a.rotary_cos = view(*rotary_cos);
+  if (rotary_sin) a.rotary_sin = view(*rotary_sin);
+  a.rotary_interleaved = rotary_interleaved;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  throw_if_error(flash3::quantize_fp8(a, stream), "quantize_fp8");
+  return {out, descale};
 }
 
 std::tuple<Tensor, Tensor> fwd_fp8_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -1441,6 +1489,9 @@ TORCH_LIBRARY(flash3, m) {
       "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None, "
       "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
       "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
+  m.def("quantize_fp8(Tensor x, int heads_per_scale=1, bool block_scales=False, bool hadamard=False, "
+        "int hadamard_seed=0, Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=True) "
+        "-> (Tensor out, Tensor descale)");
   // Writes out and softmax_lse in place (flash3.flash_attn_combine allocates them).
   m.def("combine(Tensor out_partial, Tensor lse_partial, Tensor(a!) out, Tensor(b!) softmax_lse) -> ()");
   // Writes the new rows k / v (when given) into k_cache / v_cache in place.
@@ -1461,6 +1512,7 @@ TORCH_LIBRARY(flash3, m) {
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
   m.impl("fwd_fp8", &fwd_fp8_cuda);
+  m.impl("quantize_fp8", &quantize_fp8_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("varlen_fwd", &varlen_fwd_cuda);
   m.impl("varlen_bwd", &varlen_bwd_cuda);

@@ -11,11 +11,15 @@ implementations for torch.compile. flash3.flash_attn_varlen_func is the variable
 (cu_seqlens) attention, differentiable like flash_attn_func; flash3.flash_attn_combine merges
 split-KV partial results (FlashAttention-3's); flash3.flash_attn_with_kvcache is the KV-cache
 (decoding) attention, forward only, with flash3.get_scheduler_metadata to pin its plan.
+flash_attn_func also takes FP8 (torch.float8_e4m3fn) q / k / v with their descales
+(torch.ops.flash3.fwd_fp8, forward only); flash3.quantize_fp8 makes them from fp16 / bf16
+(torch.ops.flash3.quantize_fp8, optionally with the randomized Hadamard rotation).
 """
 import torch  # noqa: F401  (loads libtorch / libc10_cuda / libcudart before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.flash3.*)
 from .flash_attn_interface import (  # noqa: F401
+    FP8_SCALE_BLOCK,
     backward_is_built,
     device_is_supported,
     flash_attn_combine,
@@ -24,6 +28,7 @@ from .flash_attn_interface import (  # noqa: F401
     flash_attn_with_kvcache,
     forward_is_built,
     get_scheduler_metadata,
+    quantize_fp8,
 )
 
 __version__ = _C.version()

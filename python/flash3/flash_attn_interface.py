@@ -50,7 +50,7 @@ import torch
 
 from . import _C
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_combine", "flash_attn_with_kvcache",
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "quantize_fp8", "flash_attn_combine", "flash_attn_with_kvcache",
            "get_scheduler_metadata", "forward_is_built", "backward_is_built", "device_is_supported"]
 
 _fwd = torch.ops.flash3.fwd.default
@@ -60,9 +60,11 @@ _varlen_bwd = torch.ops.flash3.varlen_bwd.default
 _combine = torch.ops.flash3.combine.default
 _fwd_kvcache = torch.ops.flash3.fwd_kvcache.default
 _fwd_fp8 = torch.ops.flash3.fwd_fp8.default
+_quantize_fp8 = torch.ops.flash3.quantize_fp8.default
 _forward_plan = torch.ops.flash3.forward_plan.default
 
 _INT32_MAX = 2 ** 31 - 1
+FP8_SCALE_BLOCK = 128  # tokens per FP8 block scale (flash3::kFp8ScaleBlock)
 
 _FWD_LAYOUTS = {
     "q": "(batch, seqlen_q, num_heads_q, head_dim)",
@@ -399,9 +401,14 @@ def _check_fp8_inputs(q, k, v, q_descale, k_descale, v_descale):
                              "expected all tensors on the same CUDA device")
         if t.dtype != torch.float32:
             raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected torch.float32")
-        if t.dim() != 2 or t.shape[0] != b or t.shape[1] != hkv:
+        heads, seqlen = (q.shape[2], q.shape[1]) if name == "q_descale" else (hkv, k.shape[1])
+        blocks = (seqlen + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK
+        per_head = t.dim() == 2 and tuple(t.shape) == (b, hkv)
+        per_block = t.dim() == 3 and tuple(t.shape) == (b, heads, blocks)
+        if not (per_head or per_block):
             raise ValueError(f"flash3: {name} has shape {tuple(t.shape)}; expected (batch, num_heads_kv) = "
-                             f"({b}, {hkv})")
+                             f"({b}, {hkv}) or block scales (batch, num_heads, ceil(seqlen / "
+                             f"{FP8_SCALE_BLOCK})) = ({b}, {heads}, {blocks})")
 
 
 @torch.library.register_fake("flash3::fwd_fp8")
@@ -413,6 +420,27 @@ def _fwd_fp8_fake(q, k, v, q_descale=None, k_descale=None, v_descale=None, softm
     out = q.new_empty((b, sq, hq, v.shape[3]), dtype=torch.bfloat16)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
+
+
+@torch.library.register_fake("flash3::quantize_fp8")
+def _quantize_fp8_fake(x, heads_per_scale=1, block_scales=False, hadamard=False, hadamard_seed=0, rotary_cos=None,
+                       rotary_sin=None, rotary_interleaved=True):
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"flash3: x.dtype is {_dtype_str(x.dtype)}; expected torch.float16 or torch.bfloat16")
+    if x.dim() != 4:
+        raise ValueError(f"flash3: x has {x.dim()} dimensions (shape {tuple(x.shape)}); expected a 4-d tensor "
+                         "(batch, seqlen, num_heads, head_dim)")
+    if heads_per_scale < 1 or x.shape[2] % heads_per_scale != 0:
+        raise ValueError(f"flash3: heads_per_scale is {heads_per_scale}; expected a divisor of x.shape[2] "
+                         f"(num_heads) {x.shape[2]}")
+    if block_scales and heads_per_scale != 1:
+        raise ValueError(f"flash3: heads_per_scale is {heads_per_scale} with block_scales=True; expected 1 "
+                         "(block scales are per head)")
+    if block_scales:
+        shape = (x.shape[0], x.shape[2], (x.shape[1] + FP8_SCALE_BLOCK - 1) // FP8_SCALE_BLOCK)
+    else:
+        shape = (x.shape[0], x.shape[2] // heads_per_scale)
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("flash3::bwd")
@@ -818,8 +846,11 @@ def flash_attn_func(
         qv: a FlashAttention-3 argument flash3 does not implement yet; it must be None
             (NotImplementedError otherwise).
         q_descale, k_descale, v_descale: FP8 inputs only (q, k, v torch.float8_e4m3fn): the
-            dequantization factors, (batch, num_heads_kv) torch.float32 on q's device, or None
-            (1). The scores are softmax_scale * (q_descale * q) @ (k_descale * k)^T and the output
+            dequantization factors, torch.float32 on q's device, or None (1): (batch,
+            num_heads_kv) as FlashAttention-3 takes them, or block scales (batch, num_heads,
+            ceil(seqlen / 128)), one per 128 tokens of each head (q's heads and seqlen_q for
+            q_descale, k's for k_descale / v_descale; flash3.quantize_fp8(block_scales=True)
+            writes them). Descales must be positive. The scores are softmax_scale * (q_descale * q) @ (k_descale * k)^T and the output
             P @ (v_descale * v), in torch.bfloat16. FP8 calls are forward only (an input that
             requires grad raises RuntimeError) and take no softcap; the kernels keep the FP8
             precision of the inputs and of P (docs/design.md, "FP8").
@@ -914,6 +945,34 @@ def _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_
     if return_lse:
         return out, lse
     return out
+
+
+def quantize_fp8(x: torch.Tensor, heads_per_scale: int = 1, hadamard: bool = False,
+                 hadamard_seed: int = 0, block_scales: bool = False, rotary_cos: Optional[torch.Tensor] = None,
+                 rotary_sin: Optional[torch.Tensor] = None,
+                 rotary_interleaved: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FP8 (e4m3) quantization for flash_attn_func's FP8 path (torch.ops.flash3.quantize_fp8).
+
+    x: (batch, seqlen, num_heads, head_dim), torch.float16 or torch.bfloat16, CUDA, rows 16-byte
+    aligned. Returns (x8, descale): x8 torch.float8_e4m3fn of x's shape and torch.float32
+    descales = amax / 448 of each group (1 for an all-zero group), so x8 * descale ~ x:
+      * block_scales=False: descale (batch, num_heads / heads_per_scale), one per group of heads
+        (two passes over x). For q with GQA pass heads_per_scale = num_heads_q // num_heads_kv:
+        the descale is then flash_attn_func's (batch, num_heads_kv) q_descale.
+      * block_scales=True: descale (batch, num_heads, ceil(seqlen / 128)), one per 128 tokens of
+        each head (FlashAttention-3's block quantization; one pass over x). flash_attn_func takes
+        these directly as q_descale / k_descale / v_descale.
+    hadamard: rotate first, x -> x (1/sqrt(head_dim)) H D (randomized Hadamard, signs from
+    hadamard_seed; head_dim a power of two in [32, 256]). Rotate q and k with the same seed
+    (q k^T is unchanged, outliers are spread over the row); never v.
+    rotary_cos, rotary_sin: optional (seqlen_ro >= seqlen, rotary_dim / 2) tables in x's dtype (both
+    or neither; q and k only): rotary is applied first, in fp32, token s by table row s (for a chunk
+    at position p pass the tables from row p), pairs (2i, 2i + 1) when rotary_interleaved (GPT-J),
+    else (i, i + rotary_dim / 2) (GPT-NeoX); rotary_dim a multiple of 16 up to head_dim (a power
+    of two when not interleaved), rows 16-byte aligned.
+    """
+    return _quantize_fp8(x, heads_per_scale, block_scales, hadamard, hadamard_seed, rotary_cos, rotary_sin,
+                         rotary_interleaved)
 
 
 def flash_attn_varlen_func(

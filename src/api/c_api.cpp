@@ -326,6 +326,25 @@ flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k,
   }
 }
 
+flash3_status flash3_quantize_fp8(const flash3_tensor* x, const flash3_tensor* out, const flash3_tensor* descale,
+                                  int heads_per_scale, int block_scales, int hadamard, uint64_t hadamard_seed,
+                                  void* stream) {
+  constexpr const char* kWhere = "flash3_quantize_fp8";
+  try {
+    flash3::QuantizeFp8Args a;
+    FLASH3_C_TRY(kWhere, to_view(x, "x", &a.x));
+    FLASH3_C_TRY(kWhere, to_view(out, "out", &a.out));
+    FLASH3_C_TRY(kWhere, to_view(descale, "descale", &a.descale));
+    a.heads_per_scale = heads_per_scale;
+    a.block_scales = block_scales != 0;
+    a.hadamard = hadamard != 0;
+    a.hadamard_seed = hadamard_seed;
+    return report(kWhere, flash3::quantize_fp8(a, static_cast<cudaStream_t>(stream)));
+  } catch (...) {
+    return report_exception(kWhere);
+  }
+}
+
 size_t flash3_forward_workspace_size(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,
                                      const flash3_options* opts) {
   try {

@@ -319,18 +319,28 @@ Status check_fp8_forward(const ForwardArgs& args, bool varlen) {
                            "; expected bf16 (fp8_e4m3 inputs write a bf16 output)");
   if (varlen)
     return Status::NotSupported("fp8 with variable-length batches (opts.cu_seqlens_q is set; fp8 runs fixed length)");
-  const int64_t b = args.q.shape[0], hkv = args.k.shape[2];
+  const int64_t b = args.q.shape[0], hkv = args.k.shape[2], hq = args.q.shape[2];
+  const int64_t blocks_q = (args.q.shape[1] + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  const int64_t blocks_k = (args.k.shape[1] + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   for (const auto& [name, t] : descales) {
     if (!t->defined()) continue;
     if (t->dtype != DType::kFloat32)
       return Status::Invalid(std::string(name) + ".dtype is " + dtype_str(t->dtype) + "; expected fp32");
-    if (t->ndim != 2 || t->shape[0] != b || t->shape[1] != hkv)
+    const bool is_q = t == &args.q_descale;
+    const int64_t heads = is_q ? hq : hkv, blocks = is_q ? blocks_q : blocks_k;
+    const bool per_head = t->ndim == 2 && t->shape[0] == b && t->shape[1] == hkv;
+    const bool per_block = t->ndim == 3 && t->shape[0] == b && t->shape[1] == heads && t->shape[2] == blocks;
+    if (!per_head && !per_block)
       return Status::Invalid(std::string(name) + " has shape " + shape_str(*t) + "; expected (batch, heads_kv) = (" +
-                             std::to_string(b) + ", " + std::to_string(hkv) + ")");
-    if (t->stride[0] < 0 || t->stride[1] < 0)
-      return Status::Invalid(std::string(name) + " has strides (" + std::to_string(t->stride[0]) + ", " +
-                             std::to_string(t->stride[1]) + "); expected non-negative strides");
-    if (t->data == nullptr && b * hkv > 0)
+                             std::to_string(b) + ", " + std::to_string(hkv) + ") or block scales (batch, " +
+                             (is_q ? "heads_q, ceil(seqlen_q" : "heads_kv, ceil(seqlen_k") + " / " +
+                             std::to_string(kFp8ScaleBlock) + ")) = (" + std::to_string(b) + ", " +
+                             std::to_string(heads) + ", " + std::to_string(blocks) + ")");
+    for (int i = 0; i < t->ndim; ++i)
+      if (t->stride[i] < 0)
+        return Status::Invalid(std::string(name) + " has stride[" + std::to_string(i) + "] = " +
+                               std::to_string(t->stride[i]) + "; expected non-negative strides");
+    if (t->data == nullptr && t->numel() > 0)
       return Status::Invalid(std::string(name) + ".data is null; expected a device pointer (shape " + shape_str(*t) +
                              ")");
     if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0)
@@ -856,16 +866,22 @@ FwdParams lower_forward(const ForwardArgs& args, bool varlen) {
 
 FwdParams make_fwd_params(const ForwardArgs& args) {
   FwdParams p = lower_forward(args, is_varlen(args.opts));
-  // FP8 descales, (b, hkv); a size-1 dimension's stride is never used.
-  auto descale = [](const TensorView& t, const float** ptr, int64_t* b, int64_t* h) {
+  // FP8 descales, (b, hkv) or blocks (b, h, blocks); a size-1 dimension's
+  // stride is never used.
+  auto descale = [](const TensorView& t, const float** ptr, int64_t* b, int64_t* h, int64_t* blk) {
     if (t.data == nullptr) return;
     *ptr = static_cast<const float*>(t.data);
     *b = t.shape[0] > 1 ? t.stride[0] : 0;
     *h = t.shape[1] > 1 ? t.stride[1] : 0;
+    *blk = t.ndim == 3 && t.shape[2] > 1 ? t.stride[2] : 0;
   };
-  descale(args.q_descale, &p.q_descale, &p.q_descale_batch_stride, &p.q_descale_head_stride);
-  descale(args.k_descale, &p.k_descale, &p.k_descale_batch_stride, &p.k_descale_head_stride);
-  descale(args.v_descale, &p.v_descale, &p.v_descale_batch_stride, &p.v_descale_head_stride);
+  descale(args.q_descale, &p.q_descale, &p.q_descale_batch_stride, &p.q_descale_head_stride, &p.q_descale_block_stride);
+  if (args.q_descale.ndim == 3) {  // per query head
+    p.q_descale_qhead_stride = p.q_descale_head_stride;
+    p.q_descale_head_stride = 0;
+  }
+  descale(args.k_descale, &p.k_descale, &p.k_descale_batch_stride, &p.k_descale_head_stride, &p.k_descale_block_stride);
+  descale(args.v_descale, &p.v_descale, &p.v_descale_batch_stride, &p.v_descale_head_stride, &p.v_descale_block_stride);
   return p;
 }
 

@@ -29,14 +29,18 @@ struct FwdParams {
   float softmax_scale = 0.f;       // already defaulted to 1/sqrt(d)
   float softmax_scale_log2 = 0.f;  // softmax_scale * log2(e); with softcap the launches use score_mod_scales()
   float softcap = 0.f;             // 0: off (ScoreModIdentity units), > 0: ScoreModSoftcap units
-  // FP8 (dtype kFloat8E4M3; o is bf16): descales of q / k / v, (batch,
-  // heads_kv) fp32 with these strides; null: 1.
+  // FP8 (dtype kFloat8E4M3; o is bf16): descales of q / k / v, fp32, null: 1.
+  // Element (batch, KV head, block) at batch * batch_stride + KV head *
+  // head_stride + block * block_stride, block = token / kFp8ScaleBlock; q's
+  // block form is per query head (qhead_stride, with head_stride 0). The
+  // (batch, heads_kv) form has block strides 0.
   const float* q_descale = nullptr;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
-  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0, q_descale_qhead_stride = 0;
   int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
   int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  int64_t q_descale_block_stride = 0, k_descale_block_stride = 0, v_descale_block_stride = 0;
   // PackGQA request (AttentionOptions::pack_gqa): -1 heuristic, 0 off, 1 on;
   // fwd_pack_gqa() (launch/dispatch.h) decides. The backward ignores it.
   int pack_gqa = -1;

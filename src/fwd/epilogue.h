@@ -23,18 +23,18 @@ struct FwdEpilogue {
 
   template <class TensorO, class Softmax>
   CUTLASS_DEVICE static void store(Params const& params, SharedStorage& ss, WorkTile tile, MaskSpec const& mask,
-                                   TensorO& tOrO, Softmax& softmax, int thread_idx) {
+                                   TensorO& tOrO, Softmax& softmax, float o_descale, int thread_idx) {
     constexpr int kNRows = Softmax::kRows;
     TiledMmaPV tiled_mma_pv;
     auto thr_pv = tiled_mma_pv.get_thread_slice(thread_idx);
 
     float inv_sum[kNRows], lse[kNRows];
     if constexpr (Traits::kFp8) {
-      // The LSE of the de-quantized scores; O times V's descale.
-      const auto d = FwdMainloop<Traits>::descales(params, tile);
-      softmax.finalize(params.softmax_scale * d.qk, inv_sum, lse);
+      // The LSE of the de-quantized scores (row_max holds them scaled); O times
+      // the descale of the V block it is in (FwdMainloop::mma).
+      softmax.finalize(params.softmax_scale, inv_sum, lse);
       CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kNRows; ++r) inv_sum[r] *= d.v;
+      for (int r = 0; r < kNRows; ++r) inv_sum[r] *= o_descale;
     } else {
       softmax.finalize(params.softmax_scale, inv_sum, lse);
     }

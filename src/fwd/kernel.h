@@ -228,16 +228,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows, Traits::kMaxOffset> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        float o_descale = 1.f;
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax, thread_idx, read,
-                                   loaded & 1);
+          o_descale = FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax,
+                                               thread_idx, read, loaded & 1);
           ++loaded;
         } else {
           clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
         }
         ss.barrier_q_empty.arrive();  // once per tile, masked-out ones too (see the producer)
-        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, thread_idx);
+        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, o_descale, thread_idx);
         ss.tile_empty[n & 1].arrive();  // slot n % 2 may take tile n + 2
       }
     } else {
@@ -250,10 +251,11 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows, Traits::kMaxOffset> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        float o_descale = 1.f;
         if (!range.empty()) {
-          FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax, thread_idx, read,
-                                   loaded & 1);
+          o_descale = FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax,
+                                               thread_idx, read, loaded & 1);
           // Every QK^T of this tile has completed (mma waits for all its WGMMAs):
           // the producer may load the next tile's Q.
           if constexpr (Traits::kPersistent) ss.barrier_q_empty.arrive();
@@ -261,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         } else {
           clear(tOrO);  // fully masked tile: O = 0, LSE = -inf
         }
-        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, thread_idx);
+        FwdEpilogue<Traits>::store(params, ss, tile, mask, tOrO, softmax, o_descale, thread_idx);
       }
     }
     if constexpr (Traits::kPersistent) FwdEpilogue<Traits>::drain(thread_idx);

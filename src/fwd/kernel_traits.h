@@ -239,9 +239,10 @@ struct FwdTraits {
     const float* q_descale;
     const float* k_descale;
     const float* v_descale;
-    int64_t q_descale_batch_stride, q_descale_head_stride;
+    int64_t q_descale_batch_stride, q_descale_head_stride, q_descale_qhead_stride;
     int64_t k_descale_batch_stride, k_descale_head_stride;
     int64_t v_descale_batch_stride, v_descale_head_stride;
+    int64_t q_descale_block_stride, k_descale_block_stride, v_descale_block_stride;  // FwdParams's
   };
   using ScaledParams = std::conditional_t<kFp8, Fp8Params, ModParams>;
   // PackGQA gathers Q and scatters O through plain pointers (strides in

@@ -381,31 +381,40 @@ struct FwdMainloop {
     named_barrier_sync(128, static_cast<int>(FwdBarrier::kPackedQWG1) + wg);
   }
 
-  // FP8 descales of a tile (1 for the 16-bit kernels): q * k folds into the
-  // softmax scale, v into O's final normalisation (seed 6.3).
-  struct Descales {
-    float qk = 1.f, v = 1.f;
+  // FP8 descales (seed 6.3). Per (batch, KV head), or per 128-token block
+  // (kFp8ScaleBlock) of each head: q's block is constant over a consumer
+  // warpgroup's 64 rows, k's and v's over a KV block (tile_n divides 128).
+  // q * k folds into the softmax's scale_log2 for each (warpgroup, KV block);
+  // v into O's per-block rescale: O is kept in units of the current V block's
+  // descale, so moving from block j + 1 to j multiplies it by
+  // v(j + 1) / v(j), and the epilogue multiplies by the last block's v.
+  struct Fp8Descales {
+    const float* k = nullptr;  // this (batch, KV head)'s k / v descales; null: 1
+    const float* v = nullptr;
+    float q_scale_log2 = 0.f;  // softmax_scale_log2 * q descale
+    float v_prev = 1.f;        // descale of the V block O is currently in
+    CUTLASS_DEVICE float k_at(int64_t stride, int n) const { return k ? k[block(n) * stride] : 1.f; }
+    CUTLASS_DEVICE float v_at(int64_t stride, int n) const { return v ? v[block(n) * stride] : 1.f; }
+    CUTLASS_DEVICE static int64_t block(int n) { return int64_t(n) * kBlockN / kFp8ScaleBlock; }
   };
-  CUTLASS_DEVICE static Descales descales(Params const& params, WorkTile tile) {
-    Descales d;
-    if constexpr (Traits::kFp8) {
-      const int64_t b = tile.batch, h = kv_head(params, tile);
-      float q = 1.f, k = 1.f;
-      if (params.q_descale) q = params.q_descale[b * params.q_descale_batch_stride + h * params.q_descale_head_stride];
-      if (params.k_descale) k = params.k_descale[b * params.k_descale_batch_stride + h * params.k_descale_head_stride];
-      if (params.v_descale) d.v = params.v_descale[b * params.v_descale_batch_stride + h * params.v_descale_head_stride];
-      d.qk = q * k;
+  static_assert(!Traits::kFp8 || kFp8ScaleBlock % kBlockN == 0, "a KV block must lie in one descale block");
+  CUTLASS_DEVICE static Fp8Descales fp8_descales(Params const& params, WorkTile tile, int wg) {
+    Fp8Descales d;
+    const int64_t b = tile.batch, h = kv_head(params, tile);
+    float q = 1.f;
+    if (params.q_descale) {
+      const int64_t q_block = (int64_t(tile.m_block) * kBlockM + wg * 64) / kFp8ScaleBlock;
+      q = params.q_descale[b * params.q_descale_batch_stride + h * params.q_descale_head_stride +
+                           int64_t(tile.head) * params.q_descale_qhead_stride + q_block * params.q_descale_block_stride];
     }
+    if (params.k_descale) d.k = params.k_descale + b * params.k_descale_batch_stride + h * params.k_descale_head_stride;
+    if (params.v_descale) d.v = params.v_descale + b * params.v_descale_batch_stride + h * params.v_descale_head_stride;
+    d.q_scale_log2 = params.softmax_scale_log2 * q;
     return d;
   }
-  // The online softmax's log2-domain scale for a tile.
-  CUTLASS_DEVICE static float scale_log2(Params const& params, WorkTile tile) {
-    if constexpr (Traits::kFp8) {
-      return params.softmax_scale_log2 * descales(params, tile).qk;
-    } else {
-      return params.softmax_scale_log2;
-    }
-  }
+  // The online softmax's initial log2-domain scale for a tile (FP8: set per
+  // KV block in mma()).
+  CUTLASS_DEVICE static float scale_log2(Params const& params, WorkTile tile) { return params.softmax_scale_log2; }
 
   // ------------------------------------------------ FP8 V transpose
   // FP8 P (seed 6.2): a register of the PV WGMMA's e4m3 A operand holds four
@@ -527,8 +536,10 @@ struct FwdMainloop {
   // q_phase: the phase of barrier_q for this tile (its n-th Q load: n & 1).
   // scheduler_init must have run once before the first tile.
   // pipeline_v: the PV GEMM's V stages (FP8: the transposed copies).
+  // Returns the factor O still needs besides 1/rowsum (FP8: the last V block's
+  // descale; 1 otherwise).
   template <class TensorO, class PipelineV, class Softmax>
-  CUTLASS_DEVICE static void mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
+  CUTLASS_DEVICE static float mma(Params const& params, SharedStorage& ss, MainloopPipeline& pipeline_k,
                                  PipelineV& pipeline_v, WorkTile tile, MaskSpec const& mask, NBlockRange range,
                                  TensorO& tOrO, Softmax& softmax, int thread_idx, PipelineState& read, int q_phase) {
     constexpr int kNRows = Softmax::kRows;
@@ -555,6 +566,30 @@ struct FwdMainloop {
     Tensor tOrP = make_tensor<Element>(PLayout{});
     float row_scale[kNRows];
     bool rescale = false;  // some row of this warp has row_scale != 1 (OnlineSoftmax::step)
+    Fp8Descales fp8;
+    if constexpr (Traits::kFp8) fp8 = fp8_descales(params, tile, wg);
+    // Per-block k / v descales (uniform): otherwise the first block's hold for
+    // all, and the loop neither loads nor rescales (loading them per block
+    // anyway measured 1-3% slower).
+    bool kv_blocks = false;
+    if constexpr (Traits::kFp8)
+      kv_blocks = params.k_descale_block_stride != 0 || params.v_descale_block_stride != 0;
+    // FP8: block n's K descale into the softmax scale before step(); after a
+    // non-first step, O's move from the previous V block's descale to n's
+    // into row_scale (step() has already used row_scale for the row sums).
+    auto fp8_scale = [&](float k_descale) {
+      if constexpr (Traits::kFp8) softmax.scale_log2 = fp8.q_scale_log2 * k_descale;
+    };
+    auto fp8_v = [&](float v_descale) {
+      if constexpr (Traits::kFp8) {
+        if (v_descale != fp8.v_prev) {  // (uniform; exact 1 for per-head descales)
+          const float ratio = fp8.v_prev / v_descale;
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < kNRows; ++r) row_scale[r] *= ratio;
+          fp8.v_prev = v_descale;
+        }
+      }
+    };
 
     auto rowcol = [](auto& t) { return make_tensor(t.data(), acc_rowcol(t.layout())); };
     auto to_p = [&](auto& tSrS) {
@@ -598,6 +633,10 @@ struct FwdMainloop {
 
     // First (half) block: GEMM0 + softmax, with the sequence-tail and full mask.
     {
+      if constexpr (Traits::kFp8) {
+        fp8_scale(fp8.k_at(params.k_descale_block_stride, n_block));
+        fp8.v_prev = fp8.v_at(params.v_descale_block_stride, n_block);
+      }
       wait_kv(params, pipeline_k, read);
       scheduler_sync(wg);
       SFrag tSrS;
@@ -623,6 +662,13 @@ struct FwdMainloop {
     // One KV block in the steady state (with the mask flavour of the segment).
     auto one_block = [&](int n, auto seqlen_c, auto right_c, auto left_c) {
       constexpr bool kS = decltype(seqlen_c)::value, kR = decltype(right_c)::value, kL = decltype(left_c)::value;
+      float k_ds = 1.f, v_ds = 1.f;  // FP8 block descales: loaded early, used after the GEMMs
+      if constexpr (Traits::kFp8) {
+        if (kv_blocks) {
+          k_ds = fp8.k_at(params.k_descale_block_stride, n);
+          v_ds = fp8.v_at(params.v_descale_block_stride, n);
+        }
+      }
       if constexpr (Traits::kIntraWGOverlap) {
         PipelineState read_v = read;  // V lags K by one block
         ++read;
@@ -642,7 +688,9 @@ struct FwdMainloop {
         modify_scores(params, tSrS);
         mask_scores<kS, kR, kL>(params, tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
+        if (kv_blocks) fp8_scale(k_ds);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
+        if (kv_blocks) fp8_v(v_ds);
         warpgroup_wait<0>();  // PV done: V stage free, tOrP and tOrO writable
         pipeline_v.consumer_release(read_v);
         to_p(tSrS);
@@ -661,7 +709,9 @@ struct FwdMainloop {
         modify_scores(params, tSrS);
         mask_scores<kS, kR, kL>(params, tSrS, tScS, mask, tile.m_block, n);
         Tensor s = rowcol(tSrS);
+        if (kv_blocks) fp8_scale(k_ds);
         rescale = softmax.template step<false, Traits::kRescaleSlack>(s, row_scale);
+        if (kv_blocks) fp8_v(v_ds);
         Tensor o = rowcol(tOrO);
         if (rescale) SoftmaxT::rescale_o(o, row_scale);
         to_p(tSrS);
@@ -701,6 +751,7 @@ struct FwdMainloop {
       pipeline_v.consumer_release(read);
       ++read;  // (the non-overlapped loop has already advanced it)
     }
+    return Traits::kFp8 ? fp8.v_prev : 1.f;
   }
 };
 

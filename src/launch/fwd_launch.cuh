@@ -132,6 +132,10 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
     kp.k_descale_head_stride = p.k_descale_head_stride;
     kp.v_descale_batch_stride = p.v_descale_batch_stride;
     kp.v_descale_head_stride = p.v_descale_head_stride;
+    kp.q_descale_qhead_stride = p.q_descale_qhead_stride;
+    kp.q_descale_block_stride = p.q_descale_block_stride;
+    kp.k_descale_block_stride = p.k_descale_block_stride;
+    kp.v_descale_block_stride = p.v_descale_block_stride;
   }
   return Status::Ok();
 }

@@ -26,7 +26,8 @@ float rotate_x1(float x0, float x1, float c, float s) { return std::fma(x0, s, m
 }  // namespace
 
 void rotary_rows(LowPrecision t, const double* x, double* out, int n_rows, int d, int rotary_dim, bool interleaved,
-                 const double* cos_tab, const double* sin_tab, int seqlen_ro, const int* positions) {
+                 const double* cos_tab, const double* sin_tab, int seqlen_ro, const int* positions,
+                 bool round_out) {
   const int half = rotary_dim / 2;
   std::vector<double> row(size_t(std::max(d, 0)));
   for (int r = 0; r < n_rows; ++r) {
@@ -41,8 +42,9 @@ void rotary_rows(LowPrecision t, const double* x, double* out, int n_rows, int d
       const int i0 = interleaved ? 2 * j : j;
       const int i1 = interleaved ? 2 * j + 1 : j + half;
       const float x0 = float(row[i0]), x1 = float(row[i1]);
-      o[i0] = round_to(t, double(rotate_x0(x0, x1, c, s)));
-      o[i1] = round_to(t, double(rotate_x1(x0, x1, c, s)));
+      const double y0 = double(rotate_x0(x0, x1, c, s)), y1 = double(rotate_x1(x0, x1, c, s));
+      o[i0] = round_out ? round_to(t, y0) : y0;
+      o[i1] = round_out ? round_to(t, y1) : y1;
     }
     for (int k = rotary_dim; k < d; ++k) o[k] = row[k];
   }

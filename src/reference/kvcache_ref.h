@@ -17,8 +17,11 @@ namespace flash3::ref {
 // Rotates n_rows rows of d elements: row r by table row positions[r] (cos 1,
 // sin 0 outside [0, seqlen_ro)); pairs (2j, 2j + 1) when interleaved, else (j,
 // j + rotary_dim / 2); dims >= rotary_dim copied. x and out may be the same.
+// round_out = false keeps the rotated values in fp32 (the FP8 quantizer's
+// rotary) instead of rounding them to t.
 void rotary_rows(LowPrecision t, const double* x, double* out, int n_rows, int d, int rotary_dim, bool interleaved,
-                 const double* cos_tab, const double* sin_tab, int seqlen_ro, const int* positions);
+                 const double* cos_tab, const double* sin_tab, int seqlen_ro, const int* positions,
+                 bool round_out = true);
 
 struct AppendKVShape {
   int batch = 0, seqlen_new = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;

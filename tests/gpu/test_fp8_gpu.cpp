@@ -7,8 +7,13 @@
 // rounded to e4m3 after the 2^8 max offset, O accumulated in fp32), its O
 // rounded to bf16 as ours is (the LSE's eps also covers the tensor cores'
 // FP8 accumulation, see below). Inputs: N(0, 1) quantized with one descale per
-// (batch, KV head); out / lse poisoned before the call, and the poison after
-// the views must survive.
+// (batch, KV head), or with block scales (one per 128 tokens of each head;
+// the inputs then get a random power-of-two magnitude per block: v's differ
+// by up to 2^8 between blocks, exercising O's move between V blocks'
+// descales; q's and k's by up to 2^3 only, because the tensor cores' FP8
+// accumulation error grows with |q| |k| (see the LSE's eps below) and the
+// O bound has no such term); out / lse poisoned before the call, and the
+// poison after the views must survive.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,18 +40,21 @@ using namespace flash3::testutil;
 namespace ref = flash3::ref;
 
 enum class Mask { kNone, kCausal, kWindow };
+enum class Scale { kHead, kBlock };  // (batch, heads_kv) or (batch, heads, ceil(seqlen / 128))
 
 struct Fp8Case {
   int d = 128;
   int b = 2, sq = 256, sk = 256, hq = 4, hkv = 4;
   Mask mask = Mask::kNone;
   bool descales = true;    // false: no descale tensors (1), inputs quantized per tensor with descale 1
+  Scale scale_q = Scale::kHead, scale_kv = Scale::kHead;
   int head_pad = 0;        // extra elements between heads of q / k / v (strided inputs; multiple of 16)
   uint64_t seed = 1;
   std::string name() const {
     std::ostringstream os;
     os << "fp8 d" << d << " b" << b << " sq" << sq << " sk" << sk << " h" << hq << ":" << hkv << " mask"
-       << int(mask) << (descales ? "" : " nodescale") << (head_pad ? " padded" : "") << " seed" << seed;
+       << int(mask) << (descales ? "" : " nodescale") << (scale_q == Scale::kBlock ? " qblock" : "")
+       << (scale_kv == Scale::kBlock ? " kvblock" : "") << (head_pad ? " padded" : "") << " seed" << seed;
     return os.str();
   }
 };
@@ -79,10 +87,28 @@ void run_case(const Fp8Case& c) {
     return x;
   };
   const int g = c.hq / c.hkv;
-  const std::vector<double> xq = randn(c.sq, c.hq), xk = randn(c.sk, c.hkv), xv = randn(c.sk, c.hkv);
+  std::vector<double> xq = randn(c.sq, c.hq), xk = randn(c.sk, c.hkv), xv = randn(c.sk, c.hkv);
+  // Block-scaled tensors: 2^u, u uniform in [lo, hi], per (batch, head, block).
+  auto vary = [&](std::vector<double>& x, int s, int h, int lo, int hi) {
+    std::uniform_int_distribution<int> pow2(lo, hi);
+    const int blocks = (s + flash3::kFp8ScaleBlock - 1) / flash3::kFp8ScaleBlock;
+    std::vector<double> f(size_t(c.b) * h * blocks);
+    for (auto& v : f) v = std::ldexp(1.0, pow2(rng));
+    for (int bi = 0; bi < c.b; ++bi)
+      for (int r = 0; r < s; ++r)
+        for (int hi = 0; hi < h; ++hi)
+          for (int e = 0; e < c.d; ++e)
+            x[((size_t(bi) * s + r) * h + hi) * c.d + e] *=
+                f[(size_t(bi) * h + hi) * blocks + r / flash3::kFp8ScaleBlock];
+  };
+  if (c.scale_q == Scale::kBlock) vary(xq, c.sq, c.hq, -2, 1);
+  if (c.scale_kv == Scale::kBlock) vary(xk, c.sk, c.hkv, -2, 1), vary(xv, c.sk, c.hkv, -4, 4);
   // Per (batch, KV head) descales (q: the g query heads of a KV head share one),
-  // or none: values already in e4m3's range, descale 1.
-  auto quant = [&](const std::vector<double>& x, int s, int h, int hps) {
+  // per block of 128 tokens of each head, or none: values already in e4m3's
+  // range, descale 1.
+  auto quant = [&](const std::vector<double>& x, int s, int h, int hps, Scale scale) {
+    if (c.descales && scale == Scale::kBlock)
+      return ref::quantize_e4m3(x.data(), c.b, s, h, c.d, ref::Fp8Scaling::kPerBlock, 1, flash3::kFp8ScaleBlock);
     if (c.descales) return ref::quantize_e4m3(x.data(), c.b, s, h, c.d, ref::Fp8Scaling::kPerHead, hps);
     ref::Fp8Tensor t;
     t.batch = c.b, t.seqlen = s, t.heads = h, t.d = c.d;
@@ -92,7 +118,8 @@ void run_case(const Fp8Case& c) {
     t.descale = {1.0};
     return t;
   };
-  const ref::Fp8Tensor q8 = quant(xq, c.sq, c.hq, g), k8 = quant(xk, c.sk, c.hkv, 1), v8 = quant(xv, c.sk, c.hkv, 1);
+  const ref::Fp8Tensor q8 = quant(xq, c.sq, c.hq, g, c.scale_q), k8 = quant(xk, c.sk, c.hkv, 1, c.scale_kv),
+                       v8 = quant(xv, c.sk, c.hkv, 1, c.scale_kv);
 
   // Device inputs.
   const Layout4 lq = layout_of(c.b, c.sq, c.hq, c.d, c.head_pad), lk = layout_of(c.b, c.sk, c.hkv, c.d, c.head_pad);
@@ -115,13 +142,10 @@ void run_case(const Fp8Case& c) {
   FLASH3_CUDA_OK(cudaMemcpy(dq.ptr, hq8.data(), hq8.size(), cudaMemcpyHostToDevice));
   FLASH3_CUDA_OK(cudaMemcpy(dk.ptr, hk8.data(), hk8.size(), cudaMemcpyHostToDevice));
   FLASH3_CUDA_OK(cudaMemcpy(dv.ptr, hv8.data(), hv8.size(), cudaMemcpyHostToDevice));
-  const int64_t n_desc = int64_t(c.b) * c.hkv;
-  std::vector<float> hdesc(size_t(3 * n_desc));
-  for (int64_t i = 0; i < n_desc; ++i) {
-    hdesc[size_t(i)] = float(q8.descale[size_t(c.descales ? i : 0)]);
-    hdesc[size_t(n_desc + i)] = float(k8.descale[size_t(c.descales ? i : 0)]);
-    hdesc[size_t(2 * n_desc + i)] = float(v8.descale[size_t(c.descales ? i : 0)]);
-  }
+  // q's, k's and v's descales back to back, each as the reference laid them out.
+  std::vector<float> hdesc;
+  for (const ref::Fp8Tensor* t : {&q8, &k8, &v8})
+    for (double x : t->descale) hdesc.push_back(float(x));
   FLASH3_CUDA_OK(ddesc.reserve(hdesc.size() * 4));
   FLASH3_CUDA_OK(cudaMemcpy(ddesc.ptr, hdesc.data(), hdesc.size() * 4, cudaMemcpyHostToDevice));
 
@@ -142,11 +166,16 @@ void run_case(const Fp8Case& c) {
   const int64_t lse_shape[3] = {c.b, c.hq, c.sq};
   a.lse = TensorView::contiguous(dlse.ptr, DType::kFloat32, 3, lse_shape);
   if (c.descales) {
-    const int64_t ds[2] = {c.b, c.hkv};
     float* base = ddesc.as<float>();
-    a.q_descale = TensorView::contiguous(base, DType::kFloat32, 2, ds);
-    a.k_descale = TensorView::contiguous(base + n_desc, DType::kFloat32, 2, ds);
-    a.v_descale = TensorView::contiguous(base + 2 * n_desc, DType::kFloat32, 2, ds);
+    auto desc_view = [&](float* p, Scale scale, int s, int h) {
+      const int64_t blocks = (s + flash3::kFp8ScaleBlock - 1) / flash3::kFp8ScaleBlock;
+      const int64_t per_head[2] = {c.b, c.hkv}, per_block[3] = {c.b, h, blocks};
+      return scale == Scale::kBlock ? TensorView::contiguous(p, DType::kFloat32, 3, per_block)
+                                    : TensorView::contiguous(p, DType::kFloat32, 2, per_head);
+    };
+    a.q_descale = desc_view(base, c.scale_q, c.sq, c.hq);
+    a.k_descale = desc_view(base + q8.descale.size(), c.scale_kv, c.sk, c.hkv);
+    a.v_descale = desc_view(base + q8.descale.size() + k8.descale.size(), c.scale_kv, c.sk, c.hkv);
   }
   ref::Options o;
   if (c.mask == Mask::kCausal) {
@@ -234,6 +263,17 @@ std::vector<Fp8Case> cases() {
     out.push_back(c);
     c.sq = 200, c.sk = 129, c.head_pad = 32, c.descales = false, c.mask = Mask::kCausal, c.seed = ++seed;
     out.push_back(c);
+    // Block scales: every mask, GQA, partial last blocks; and mixed with per-head q.
+    for (Mask m : {Mask::kNone, Mask::kCausal, Mask::kWindow}) {
+      Fp8Case bc;
+      bc.d = d, bc.mask = m, bc.scale_q = bc.scale_kv = Scale::kBlock;
+      bc.b = 2, bc.sq = 300, bc.sk = 700, bc.hq = 4, bc.hkv = 2, bc.seed = ++seed;
+      out.push_back(bc);
+    }
+    Fp8Case mc;
+    mc.d = d, mc.scale_kv = Scale::kBlock, mc.mask = Mask::kCausal;
+    mc.b = 1, mc.sq = 640, mc.sk = 640, mc.hq = 2, mc.hkv = 2, mc.seed = ++seed;
+    out.push_back(mc);
   }
   return out;
 }

@@ -343,6 +343,17 @@ TEST_F(CApi, Fp8DescalesAreChecked) {
   EXPECT_TRUE(contains(last_error(), "k_descale has shape")) << last_error();
 }
 
+TEST_F(CApi, QuantizeFp8IsChecked) {
+  const flash3_tensor x = tensor(0x1000000, FLASH3_BF16, 4, {2, 300, 4, 128});
+  const flash3_tensor out = tensor(0x4000000, FLASH3_FP8_E4M3, 4, {2, 300, 4, 128});
+  const flash3_tensor bad = tensor(0x6000000, FLASH3_FP32, 3, {2, 4, 2});  // ceil(300 / 128) = 3 blocks
+  EXPECT_EQ(flash3_quantize_fp8(&x, &out, &bad, 1, /*block_scales=*/1, 0, 0, nullptr), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "flash3_quantize_fp8")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "descale has shape (2, 4, 2)")) << last_error();
+  EXPECT_EQ(flash3_quantize_fp8(nullptr, &out, &bad, 1, 1, 0, 0, nullptr), FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "x")) << last_error();
+}
+
 TEST_F(CApi, Fp8WritesBf16) {
   Fwd f;
   f.q.dtype = f.k.dtype = f.v.dtype = f.out.dtype = FLASH3_FP8_E4M3;

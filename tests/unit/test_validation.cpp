@@ -284,6 +284,32 @@ TEST_F(ValidationForward, Fp8Descales) {
   EXPECT_TRUE(IsError(flash3::validate_forward(b), StatusCode::kInvalidArgument, {"q_descale is given", "bf16"}));
 }
 
+// Block scales: q (b, hq, ceil(sq / 128)), k / v (b, hkv, ceil(sk / 128)),
+// mixing freely with the (b, hkv) form.
+TEST_F(ValidationForward, Fp8BlockDescales) {
+  Dims d;
+  d.sq = 300, d.sk = 129;
+  ForwardArgs a = make_fp8(d);
+  const int64_t qs[3] = {d.b, d.hq, 3}, ks[3] = {d.b, d.hkv, 2};
+  a.q_descale = TensorView::contiguous(fake(0xC000000), DType::kFloat32, 3, qs);
+  a.k_descale = TensorView::contiguous(fake(0xC100000), DType::kFloat32, 3, ks);
+  expect_valid_forward(a);  // v per (batch, KV head)
+  a.v_descale = TensorView::contiguous(fake(0xC200000), DType::kFloat32, 3, ks);
+  expect_valid_forward(a);
+  ForwardArgs bad = a;
+  bad.q_descale.shape[2] = 2;  // ceil(300 / 128) = 3
+  EXPECT_TRUE(IsError(flash3::validate_forward(bad), StatusCode::kInvalidArgument,
+                      {"q_descale has shape (2, 8, 2)", "(batch, heads_q, ceil(seqlen_q / 128)) = (2, 8, 3)"}));
+  bad = a;
+  bad.k_descale.shape[1] = d.hq;  // heads_q instead of heads_kv
+  EXPECT_TRUE(IsError(flash3::validate_forward(bad), StatusCode::kInvalidArgument,
+                      {"k_descale has shape", "(batch, heads_kv, ceil(seqlen_k / 128)) = (2, 2, 2)"}));
+  bad = a;
+  bad.v_descale.stride[2] = -1;
+  EXPECT_TRUE(IsError(flash3::validate_forward(bad), StatusCode::kInvalidArgument,
+                      {"v_descale has stride[2] = -1", "non-negative"}));
+}
+
 TEST_F(ValidationForward, Fp8StridesAre16Bytes) {
   ForwardArgs a = make_fp8();
   a.k.stride[2] = 72;  // 72 bytes between heads of d = 64: not a multiple of 16
