@@ -569,8 +569,7 @@ struct FwdMainloop {
     Fp8Descales fp8;
     if constexpr (Traits::kFp8) fp8 = fp8_descales(params, tile, wg);
     // Per-block k / v descales (uniform): otherwise the first block's hold for
-    // all, and the loop neither loads nor rescales (loading them per block
-    // anyway measured 1-3% slower).
+    // all, and the loop neither loads nor rescales for them.
     bool kv_blocks = false;
     if constexpr (Traits::kFp8)
       kv_blocks = params.k_descale_block_stride != 0 || params.v_descale_block_stride != 0;
