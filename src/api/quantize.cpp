@@ -11,12 +11,6 @@
 namespace flash3 {
 namespace {
 
-std::string shape_of(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
-
 // x / out: 4-d (b, s, h, d), unit stride in d, strides >= 0 and 16-byte
 // aligned rows (the kernels read and write each row in vectors), as the FP8
 // forward asks of its inputs.
@@ -36,7 +30,7 @@ Status check_bshd(const char* name, const TensorView& t, int64_t elem_bytes) {
     return Status::Invalid(std::string(name) + ".stride[3] (head_dim) is " + std::to_string(t.stride[3]) +
                            "; expected 1");
   if (t.data == nullptr && t.numel() > 0)
-    return Status::Invalid(std::string(name) + ".data is null; expected a device pointer (shape " + shape_of(t) +
+    return Status::Invalid(std::string(name) + ".data is null; expected a device pointer (shape " + shape_str(t) +
                            ")");
   for (int i = 0; i < 3; ++i)
     if (t.shape[i] > 1 && (t.stride[i] * elem_bytes) % 16 != 0)
@@ -64,7 +58,7 @@ Status check_rotary(const QuantizeFp8Args& a) {
       return Status::Invalid(std::string(name) + ".dtype is " + dtype_name(t->dtype) + "; expected " +
                              dtype_name(a.x.dtype) + " (x's)");
     if (t->ndim != 2 || t->shape[0] < 0 || t->shape[1] < 0)
-      return Status::Invalid(std::string(name) + " has shape " + shape_of(*t) + "; expected 2-d (seqlen_ro, rotary_dim / 2)");
+      return Status::Invalid(std::string(name) + " has shape " + shape_str(*t) + "; expected 2-d (seqlen_ro, rotary_dim / 2)");
     if (t->shape[0] < seqlen)
       return Status::Invalid(std::string(name) + " has " + std::to_string(t->shape[0]) + " rows; expected at least " +
                              "seqlen = " + std::to_string(seqlen) + " (token s uses row s)");
@@ -77,7 +71,7 @@ Status check_rotary(const QuantizeFp8Args& a) {
       return Status::Invalid(std::string(name) + ".data is null or not 16-byte aligned; expected 16-byte aligned rows");
   }
   if (c.shape[1] != sn.shape[1])
-    return Status::Invalid("rotary_sin has shape " + shape_of(sn) + "; expected rotary_cos's " + shape_of(c));
+    return Status::Invalid("rotary_sin has shape " + shape_str(sn) + "; expected rotary_cos's " + shape_str(c));
   const int64_t rd = 2 * c.shape[1];
   if (rd == 0 || rd > d || rd % 16 != 0)
     return Status::Invalid("rotary_dim (2 * rotary_cos.shape[1]) is " + std::to_string(rd) +
@@ -99,7 +93,7 @@ Status validate_quantize_fp8(const QuantizeFp8Args& a) {
     return Status::Invalid(std::string("out.dtype is ") + dtype_name(a.out.dtype) + "; expected fp8_e4m3");
   for (int i = 0; i < 4; ++i)
     if (a.out.shape[i] != a.x.shape[i])
-      return Status::Invalid("out has shape " + shape_of(a.out) + "; expected " + shape_of(a.x) + " (x's)");
+      return Status::Invalid("out has shape " + shape_str(a.out) + "; expected " + shape_str(a.x) + " (x's)");
   const int64_t b = a.x.shape[0], h = a.x.shape[2], d = a.x.shape[3];
   if (a.heads_per_scale < 1 || (h > 0 && h % a.heads_per_scale != 0))
     return Status::Invalid("heads_per_scale is " + std::to_string(a.heads_per_scale) + "; expected a divisor of " +
@@ -119,11 +113,11 @@ Status validate_quantize_fp8(const QuantizeFp8Args& a) {
     return Status::Invalid(std::string("descale.dtype is ") + dtype_name(s.dtype) + "; expected fp32");
   if (a.block_scales) {
     if (s.ndim != 3 || s.shape[0] != b || s.shape[1] != h || s.shape[2] != blocks)
-      return Status::Invalid("descale has shape " + shape_of(s) + "; expected (batch, heads, ceil(seqlen / " +
+      return Status::Invalid("descale has shape " + shape_str(s) + "; expected (batch, heads, ceil(seqlen / " +
                              std::to_string(kFp8ScaleBlock) + ")) = (" + std::to_string(b) + ", " +
                              std::to_string(h) + ", " + std::to_string(blocks) + ") with block_scales");
   } else if (s.ndim != 2 || s.shape[0] != b || s.shape[1] != groups) {
-    return Status::Invalid("descale has shape " + shape_of(s) + "; expected (batch, heads / heads_per_scale) = (" +
+    return Status::Invalid("descale has shape " + shape_str(s) + "; expected (batch, heads / heads_per_scale) = (" +
                            std::to_string(b) + ", " + std::to_string(groups) + ")");
   }
   int64_t dense = 1;  // contiguity: each stride the product of the sizes after it
@@ -142,6 +136,10 @@ Status validate_quantize_fp8(const QuantizeFp8Args& a) {
     FLASH3_RETURN_IF_ERROR(check_device_pointer("x.data", a.x.data));
     FLASH3_RETURN_IF_ERROR(check_device_pointer("out.data", a.out.data));
     FLASH3_RETURN_IF_ERROR(check_device_pointer("descale.data", a.descale.data));
+    if (a.rotary_cos.defined()) {
+      FLASH3_RETURN_IF_ERROR(check_device_pointer("rotary_cos.data", a.rotary_cos.data));
+      FLASH3_RETURN_IF_ERROR(check_device_pointer("rotary_sin.data", a.rotary_sin.data));
+    }
     FLASH3_RETURN_IF_ERROR(check_current_device());
   }
   return Status::Ok();

@@ -114,11 +114,6 @@ std::string dim_label(const Arg& a, bool varlen, int i) { return dim_label(a.nam
 
 std::string stride_label(const Arg& a, bool varlen, int i) { return stride_label(a.name, dim_names(a.role, varlen), i); }
 
-std::string shape_str(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.ndim && i < kMaxTensorDims; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + ")";
-}
 
 std::string stride_str(const TensorView& t) {
   std::string s = "(";
@@ -495,6 +490,13 @@ Status check_limits(const Arg& q, const Arg& k, const AttentionOptions& opts, bo
 bool is_varlen(const AttentionOptions& o) { return o.cu_seqlens_q != nullptr; }
 
 }  // namespace
+
+// "(2, 8, 3)" (at most kMaxTensorDims entries, whatever ndim claims).
+std::string shape_str(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim && i < kMaxTensorDims; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + ")";
+}
 
 // ---------------------------------------------------------------------------
 // Structure.

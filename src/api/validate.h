@@ -56,6 +56,8 @@ std::string built_kernels_list(bool forward_pass);
 // ptr must be device memory on the current device (or managed memory);
 // a null ptr is accepted (empty tensors).
 Status check_device_pointer(const char* name, const void* ptr);
+// A view's shape for messages, "(2, 8, 3)".
+std::string shape_str(const TensorView& t);
 // The current device must be an sm_90 GPU.
 Status check_current_device();
 Status check_forward_device(const ForwardArgs& args);

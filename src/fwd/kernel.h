@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        // FP8: the scale is set per KV block (FwdMainloop::mma).
+        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(params.softmax_scale_log2);
         float o_descale = 1.f;
         if (!range.empty()) {
           o_descale = FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax,
@@ -251,7 +252,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         const NBlockRange range = FwdMainloop<Traits>::n_block_range(params, mask, tile);
         Tensor tOrO = partition_fragment_C(tiled_mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{});
         constexpr int kNRows = decltype(size<0>(acc_rowcol(tOrO.layout())))::value;
-        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(FwdMainloop<Traits>::scale_log2(params, tile));
+        // FP8: the scale is set per KV block (FwdMainloop::mma).
+        OnlineSoftmax<kNRows, Traits::kMaxOffset, Traits::kFp8> softmax(params.softmax_scale_log2);
         float o_descale = 1.f;
         if (!range.empty()) {
           o_descale = FwdMainloop<Traits>::mma(params, ss, pipeline_k, pipeline_pv, tile, mask, range, tOrO, softmax,

@@ -412,10 +412,6 @@ struct FwdMainloop {
     d.q_scale_log2 = params.softmax_scale_log2 * q;
     return d;
   }
-  // The online softmax's initial log2-domain scale for a tile (FP8: set per
-  // KV block in mma()).
-  CUTLASS_DEVICE static float scale_log2(Params const& params, WorkTile tile) { return params.softmax_scale_log2; }
-
   // ------------------------------------------------ FP8 V transpose
   // FP8 P (seed 6.2): a register of the PV WGMMA's e4m3 A operand holds four
   // consecutive k of one row (k = 4q .. 4q + 3 for q = lane % 4, then + 16),
