@@ -7,7 +7,8 @@ Importing flash3 loads flash3._C, which registers the operators torch.ops.flash3
 torch.ops.flash3.bwd, torch.ops.flash3.varlen_fwd, torch.ops.flash3.varlen_bwd,
 torch.ops.flash3.combine, torch.ops.flash3.fwd_kvcache and torch.ops.flash3.forward_plan (CUDA
 kernels and autograd in C++), and flash3.flash_attn_interface, which registers their fake
-implementations for torch.compile. flash3.flash_attn_varlen_func is the variable-length
+implementations for torch.compile. flash3.flash_attn_qkvpacked_func is flash_attn_func on one
+packed qkv tensor; flash3.flash_attn_varlen_func is the variable-length
 (cu_seqlens) attention, differentiable like flash_attn_func; flash3.flash_attn_combine merges
 split-KV partial results (FlashAttention-3's); flash3.flash_attn_with_kvcache is the KV-cache
 (decoding) attention, forward only, with flash3.get_scheduler_metadata to pin its plan.
@@ -24,6 +25,7 @@ from .flash_attn_interface import (  # noqa: F401
     device_is_supported,
     flash_attn_combine,
     flash_attn_func,
+    flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
     forward_is_built,
@@ -35,6 +37,7 @@ __version__ = _C.version()
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_combine",
     "flash_attn_with_kvcache",

@@ -931,6 +931,70 @@ def flash_attn_func(
     return out
 
 
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """flash_attn_func on q, k, v packed in one tensor, FlashAttention-3 interface (positional
+    order included).
+
+    Arguments:
+        qkv: (batch, seqlen, 3, num_heads, head_dim) (MHA), or (batch, seqlen, num_heads_q + 2 *
+            num_heads_kv, head_dim) with num_heads_q given (q's heads, then k's, then v's: GQA /
+            MQA). q, k and v are views of it (no copy: flash3 takes strided inputs).
+        num_heads_q: the number of q heads of a 4-d qkv; ignored for a 5-d one.
+        The other arguments are flash_attn_func's (FP8 qkv with its descales included).
+
+    Returns:
+        flash_attn_func's: out (batch, seqlen, num_heads_q, head_dim), and softmax_lse when
+        return_attn_probs or return_lse is set. The gradient reaches qkv through the views (one
+        tensor assembled from dq, dk and dv, where FlashAttention-3 writes them into it directly).
+
+    Raises (before anything is launched):
+        ValueError: a qkv that is not 4- or 5-d, a 5-d qkv whose third dimension is not 3, a 4-d
+            qkv without num_heads_q or whose heads are not num_heads_q + 2 * num_heads_kv with
+            num_heads_kv >= 1; and whatever flash_attn_func raises for q, k, v.
+        TypeError: qkv not a tensor, num_heads_q not an int.
+    """
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"flash3: qkv is a {type(qkv).__name__}; expected a torch.Tensor")
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"flash3: qkv has shape {_shape_str(qkv.shape)}; expected (batch, seqlen, 3, "
+                             "num_heads, head_dim)")
+        q, k, v = qkv.unbind(dim=2)
+    elif qkv.dim() == 4:
+        if num_heads_q is None:
+            raise ValueError(f"flash3: qkv has shape {_shape_str(qkv.shape)} and num_heads_q is None; a 4-d qkv "
+                             "(batch, seqlen, num_heads_q + 2 * num_heads_kv, head_dim) needs num_heads_q")
+        if not _is_int(num_heads_q):
+            raise TypeError(f"flash3: num_heads_q is a {type(num_heads_q).__name__}; expected an int")
+        kv_heads2 = qkv.shape[2] - num_heads_q
+        if num_heads_q < 1 or kv_heads2 < 2 or kv_heads2 % 2 != 0:
+            raise ValueError(f"flash3: qkv has {qkv.shape[2]} heads with num_heads_q = {num_heads_q}; expected "
+                             "num_heads_q + 2 * num_heads_kv heads with num_heads_q >= 1 and num_heads_kv >= 1")
+        q, k, v = qkv.split([num_heads_q, kv_heads2 // 2, kv_heads2 // 2], dim=2)
+    else:
+        raise ValueError(f"flash3: qkv has shape {_shape_str(qkv.shape)}; expected (batch, seqlen, 3, num_heads, "
+                         "head_dim) or (batch, seqlen, num_heads_q + 2 * num_heads_kv, head_dim)")
+    return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale, window_size,
+                           attention_chunk, softcap, 1, None, deterministic, sm_margin, return_attn_probs,
+                           return_lse=return_lse)
+
+
 def _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
                     attention_chunk, softcap, return_lse):
     """flash_attn_func's FP8 path (torch.ops.flash3.fwd_fp8): forward only, out torch.bfloat16."""

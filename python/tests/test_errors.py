@@ -555,6 +555,28 @@ def test_varlen_bwd_no_kernel_launched_on_error():
     assert not kernels, f"kernels launched by an invalid call: {kernels}"
 
 
+@pytest.mark.parametrize("case", ["3d", "5d_not_3", "4d_no_num_heads_q", "4d_odd_kv_heads", "4d_no_kv_heads",
+                                  "num_heads_q_float", "not_a_tensor"])
+def test_qkvpacked_bad_argument_raises(case):
+    qkv5 = torch.randn(2, 64, 3, 4, 128, device=DEV, dtype=BF16)
+    qkv4 = torch.randn(2, 64, 12, 128, device=DEV, dtype=BF16)
+    args, kw, exc, words = {
+        "3d": ((qkv4[0],), {}, ValueError, ["qkv", "shape"]),
+        "5d_not_3": ((torch.randn(2, 64, 2, 4, 128, device=DEV, dtype=BF16),), {}, ValueError, ["qkv", "3"]),
+        "4d_no_num_heads_q": ((qkv4,), {}, ValueError, ["num_heads_q"]),
+        "4d_odd_kv_heads": ((qkv4,), dict(num_heads_q=9), ValueError, ["num_heads_q", "num_heads_kv"]),
+        "4d_no_kv_heads": ((qkv4,), dict(num_heads_q=12), ValueError, ["num_heads_q", "num_heads_kv"]),
+        "num_heads_q_float": ((qkv4,), dict(num_heads_q=8.0), TypeError, ["num_heads_q"]),
+        "not_a_tensor": (([1, 2, 3],), {}, TypeError, ["qkv"]),
+    }[case]
+    with pytest.raises(exc) as e:
+        flash3.flash_attn_qkvpacked_func(*args, **kw)
+    for w in words:
+        assert w in str(e.value)
+    flash3.flash_attn_qkvpacked_func(qkv5)  # the good layouts run
+    flash3.flash_attn_qkvpacked_func(qkv4, num_heads_q=8)
+
+
 def test_introspection():
     assert isinstance(flash3.__version__, str)
     ok, why = flash3.device_is_supported()

@@ -210,6 +210,45 @@ def test_strided_inputs_from_packed_qkv():
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("layout", ["b_s_3_h_d", "b_s_hq+2hk_d"])
+def test_qkvpacked(layout, causal):
+    """flash_attn_qkvpacked_func is flash_attn_func on the views of qkv: the same out, lse and,
+    through the views, the same gradient of qkv (deterministic backward: bitwise)."""
+    _skip_unless_built(torch.bfloat16, 128, 128, backward=True)
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    if layout == "b_s_3_h_d":
+        qkv = torch.randn(2, 257, 3, 4, 128, device=DEVICE, dtype=torch.bfloat16, generator=g)
+        kw = {}
+
+        def views(t):
+            return t.unbind(dim=2)
+    else:  # GQA: 8 q heads, 2 kv heads
+        qkv = torch.randn(2, 257, 8 + 2 * 2, 128, device=DEVICE, dtype=torch.bfloat16, generator=g)
+        kw = dict(num_heads_q=8)
+
+        def views(t):
+            return t.split([8, 2, 2], dim=2)
+    qkv.requires_grad_(True)
+    out, lse = flash3.flash_attn_qkvpacked_func(qkv, causal=causal, deterministic=True, return_attn_probs=True,
+                                                **kw)
+    assert out.shape == (2, 257, qkv.shape[3] if qkv.dim() == 5 else 8, 128)
+    g_out = torch.randn(out.shape, device=DEVICE, dtype=out.dtype, generator=g)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), g_out)
+    ref_in = qkv.detach().clone().requires_grad_(True)
+    out_r, lse_r = flash_attn_func(*views(ref_in), causal=causal, deterministic=True, return_attn_probs=True)
+    (dqkv_r,) = torch.autograd.grad(out_r, (ref_in,), g_out)
+    torch.testing.assert_close(out, out_r, atol=0, rtol=0)
+    torch.testing.assert_close(lse, lse_r, atol=0, rtol=0)
+    assert dqkv.shape == qkv.shape
+    torch.testing.assert_close(dqkv, dqkv_r, atol=0, rtol=0)
+    # And against the reference itself (so the comparison above cannot pass by both being wrong).
+    q, k, v = (t.detach() for t in views(qkv))
+    expected = sdpa_ref(q, k, v, causal, (-1, -1))
+    base, _ = attention_ref(q, k, v, causal, (-1, -1), upcast=False)
+    _assert_close_fa("out", out.detach(), expected, base, torch.bfloat16)
+
+
 def test_empty_batch_and_seqlen():
     _skip_unless_built(torch.bfloat16, 64, 64)
     q, k, v = _inputs(0, 16, 16, 2, 2, 64, 64, torch.bfloat16)
