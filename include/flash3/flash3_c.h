@@ -108,6 +108,17 @@ flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k,
 flash3_status flash3_quantize_fp8(const flash3_tensor* x, const flash3_tensor* out, const flash3_tensor* descale,
                                   int heads_per_scale, int block_scales, int hadamard, uint64_t hadamard_seed,
                                   void* stream);
+/* flash3_quantize_fp8 with rotary applied to each row first (before the
+ * rotation), as flash3::QuantizeFp8Args::rotary_cos / rotary_sin: token s
+ * uses row s of the tables, (seqlen_ro >= seqlen, rotary_dim / 2) in x's
+ * dtype, unit last stride, 16-byte rows; rotary_dim = 2 x their columns, a
+ * multiple of 16 up to head_dim (a power of two with rotary_interleaved = 0:
+ * the halves (i, i + rotary_dim / 2) rotate together; 1: pairs (2i, 2i + 1)).
+ * NULL tables: none (flash3_quantize_fp8). */
+flash3_status flash3_quantize_fp8_rotary(const flash3_tensor* x, const flash3_tensor* out,
+                                         const flash3_tensor* descale, int heads_per_scale, int block_scales,
+                                         int hadamard, uint64_t hadamard_seed, const flash3_tensor* rotary_cos,
+                                         const flash3_tensor* rotary_sin, int rotary_interleaved, void* stream);
 
 /* Bytes of forward scratch the call needs, from the shapes of q, k, v and opts
  * (0: none, as for most fixed-length calls; varlen calls need their

@@ -326,23 +326,45 @@ flash3_status flash3_forward_fp8(const flash3_tensor* q, const flash3_tensor* k,
   }
 }
 
-flash3_status flash3_quantize_fp8(const flash3_tensor* x, const flash3_tensor* out, const flash3_tensor* descale,
-                                  int heads_per_scale, int block_scales, int hadamard, uint64_t hadamard_seed,
-                                  void* stream) {
-  constexpr const char* kWhere = "flash3_quantize_fp8";
+namespace {
+
+flash3_status quantize_fp8_c(const char* where, const flash3_tensor* x, const flash3_tensor* out,
+                             const flash3_tensor* descale, int heads_per_scale, int block_scales, int hadamard,
+                             uint64_t hadamard_seed, const flash3_tensor* rotary_cos, const flash3_tensor* rotary_sin,
+                             int rotary_interleaved, void* stream) {
   try {
     flash3::QuantizeFp8Args a;
-    FLASH3_C_TRY(kWhere, to_view(x, "x", &a.x));
-    FLASH3_C_TRY(kWhere, to_view(out, "out", &a.out));
-    FLASH3_C_TRY(kWhere, to_view(descale, "descale", &a.descale));
+    FLASH3_C_TRY(where, to_view(x, "x", &a.x));
+    FLASH3_C_TRY(where, to_view(out, "out", &a.out));
+    FLASH3_C_TRY(where, to_view(descale, "descale", &a.descale));
+    FLASH3_C_TRY(where, to_view(rotary_cos, "rotary_cos", &a.rotary_cos));
+    FLASH3_C_TRY(where, to_view(rotary_sin, "rotary_sin", &a.rotary_sin));
     a.heads_per_scale = heads_per_scale;
     a.block_scales = block_scales != 0;
     a.hadamard = hadamard != 0;
     a.hadamard_seed = hadamard_seed;
-    return report(kWhere, flash3::quantize_fp8(a, static_cast<cudaStream_t>(stream)));
+    a.rotary_interleaved = rotary_interleaved != 0;
+    return report(where, flash3::quantize_fp8(a, static_cast<cudaStream_t>(stream)));
   } catch (...) {
-    return report_exception(kWhere);
+    return report_exception(where);
   }
+}
+
+}  // namespace
+
+flash3_status flash3_quantize_fp8(const flash3_tensor* x, const flash3_tensor* out, const flash3_tensor* descale,
+                                  int heads_per_scale, int block_scales, int hadamard, uint64_t hadamard_seed,
+                                  void* stream) {
+  return quantize_fp8_c("flash3_quantize_fp8", x, out, descale, heads_per_scale, block_scales, hadamard, hadamard_seed,
+                        nullptr, nullptr, 1, stream);
+}
+
+flash3_status flash3_quantize_fp8_rotary(const flash3_tensor* x, const flash3_tensor* out,
+                                         const flash3_tensor* descale, int heads_per_scale, int block_scales,
+                                         int hadamard, uint64_t hadamard_seed, const flash3_tensor* rotary_cos,
+                                         const flash3_tensor* rotary_sin, int rotary_interleaved, void* stream) {
+  return quantize_fp8_c("flash3_quantize_fp8_rotary", x, out, descale, heads_per_scale, block_scales, hadamard,
+                        hadamard_seed, rotary_cos, rotary_sin, rotary_interleaved, stream);
 }
 
 size_t flash3_forward_workspace_size(const flash3_tensor* q, const flash3_tensor* k, const flash3_tensor* v,

@@ -354,6 +354,28 @@ TEST_F(CApi, QuantizeFp8IsChecked) {
   EXPECT_TRUE(contains(last_error(), "x")) << last_error();
 }
 
+TEST_F(CApi, QuantizeFp8RotaryIsChecked) {
+  const flash3_tensor x = tensor(0x1000000, FLASH3_BF16, 4, {2, 300, 4, 128});
+  const flash3_tensor out = tensor(0x4000000, FLASH3_FP8_E4M3, 4, {2, 300, 4, 128});
+  const flash3_tensor descale = tensor(0x6000000, FLASH3_FP32, 2, {2, 4});
+  const flash3_tensor cos = tensor(0x7000000, FLASH3_BF16, 2, {300, 32});
+  const flash3_tensor cos_fp16 = tensor(0x7000000, FLASH3_FP16, 2, {300, 32});
+  const flash3_tensor cos_short = tensor(0x7000000, FLASH3_BF16, 2, {299, 32});
+  const flash3_tensor sin = tensor(0x7800000, FLASH3_BF16, 2, {300, 32});
+  // Only one table: the missing one is named.
+  EXPECT_EQ(flash3_quantize_fp8_rotary(&x, &out, &descale, 1, 0, 0, 0, &cos, nullptr, 1, nullptr),
+            FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "flash3_quantize_fp8_rotary")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "rotary_sin is missing")) << last_error();
+  // Fewer rows than tokens; a dtype other than x's.
+  EXPECT_EQ(flash3_quantize_fp8_rotary(&x, &out, &descale, 1, 0, 0, 0, &cos_short, &sin, 0, nullptr),
+            FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "rotary_cos has 299 rows")) << last_error();
+  EXPECT_EQ(flash3_quantize_fp8_rotary(&x, &out, &descale, 1, 0, 0, 0, &cos_fp16, &sin, 1, nullptr),
+            FLASH3_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "rotary_cos")) << last_error();
+}
+
 TEST_F(CApi, Fp8WritesBf16) {
   Fwd f;
   f.q.dtype = f.k.dtype = f.v.dtype = f.out.dtype = FLASH3_FP8_E4M3;
