@@ -13,15 +13,17 @@ attention of the same bf16 inputs, for:
   fp8 block + Hadamard
 All FP8 rows run flash3's FP8 forward on flash3.quantize_fp8's outputs.
 
-Bandwidth: flash3.quantize_fp8 on (8, 16k, 16, 128) bf16 (512 MiB in, 256 MiB out: large
-enough that the GPU time, not the call's host overhead, is timed), per mode,
+Bandwidth: flash3.quantize_fp8 on (8, 16k, 2048 / d, d) bf16 for each d of --bw-hdims (512 MiB
+in, 256 MiB out: large enough that the GPU time, not the call's host overhead, is timed), per mode
+and kernel set (default: src/quant/quantize_fp8.cu; raw: quantize_fp8_raw.cu, FLASH3_QUANTIZE_RAW=1),
 CUDA events over --iters calls after a warm-up, counting bytes read and written once (2 + 1
 per element, plus the descales), next to torch's copy (x.clone(): 2 + 2 per element) in the
 same process.
 
-  PYTHONPATH=python python3 bench/fp8_accuracy.py
+  PYTHONPATH=python python3 bench/fp8_accuracy.py [--bw-only] [--bw-hdims 64,128,256]
 """
 import argparse
+import os
 
 
 def attention_f64(torch, q, k, v, chunk=1024):
@@ -53,10 +55,18 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bw-hdims", default="128", help="head dims of the bandwidth rows (comma-separated)")
+    ap.add_argument("--bw-only", action="store_true", help="skip the accuracy rows")
     a = ap.parse_args()
     import torch
     import flash3
 
+    if not a.bw_only:
+        accuracy(torch, flash3, a)
+    bandwidth(torch, flash3, a)
+
+
+def accuracy(torch, flash3, a):
     d, s, h = 128, a.seqlen, a.heads
     g = torch.Generator(device="cuda").manual_seed(a.seed)
 
@@ -94,18 +104,26 @@ def main():
         ratio = f"  per-tensor / this = {base / e:.2f}" if base is not None and name != "fp8 per-tensor" else ""
         print(f"  {name:<28} {e:.3e}{ratio}")
 
-    # Bandwidth.
-    x = torch.randn(8, 16384, 16, 128, device="cuda").to(torch.bfloat16)
-    n = x.numel()
-    t_copy = timed(torch, lambda: x.clone(), a.iters)
-    copy_bw = 4 * n / t_copy
-    print(f"bandwidth: x (8, 16384, 16, 128) bf16; torch copy {copy_bw / 1e12:.2f} TB/s (read + write)")
-    for name, kw in (("per-head", {}), ("per-head + Hadamard", dict(hadamard=True)),
-                     ("block", dict(block_scales=True)), ("block + Hadamard", dict(block_scales=True, hadamard=True))):
-        t = timed(torch, lambda: flash3.quantize_fp8(x, **kw), a.iters)
-        descales = 8 * 16 * (128 if kw.get("block_scales") else 1) * 4
-        bw = (3 * n + descales) / t
-        print(f"  quantize_fp8 {name:<22} {t * 1e6:8.1f} us  {bw / 1e12:.2f} TB/s  {bw / copy_bw:.0%} of copy")
+
+def bandwidth(torch, flash3, a):
+    for d in (int(v) for v in a.bw_hdims.split(",")):
+        h = 2048 // d
+        x = torch.randn(8, 16384, h, d, device="cuda").to(torch.bfloat16)
+        n = x.numel()
+        t_copy = timed(torch, lambda: x.clone(), a.iters)
+        copy_bw = 4 * n / t_copy
+        print(f"bandwidth: x (8, 16384, {h}, {d}) bf16; torch copy {copy_bw / 1e12:.2f} TB/s (read + write)")
+        for name, kw in (("per-head", {}), ("per-head + Hadamard", dict(hadamard=True)),
+                         ("block", dict(block_scales=True)),
+                         ("block + Hadamard", dict(block_scales=True, hadamard=True))):
+            for kernels in ("default", "raw"):  # quantize_fp8.cu, quantize_fp8_raw.cu
+                os.environ["FLASH3_QUANTIZE_RAW"] = "1" if kernels == "raw" else "0"
+                t = timed(torch, lambda: flash3.quantize_fp8(x, **kw), a.iters)
+                descales = 8 * h * (128 if kw.get("block_scales") else 1) * 4
+                bw = (3 * n + descales) / t
+                print(f"  quantize_fp8 {name:<22} {kernels:<8} {t * 1e6:8.1f} us  {bw / 1e12:.2f} TB/s  "
+                      f"{bw / copy_bw:.0%} of copy")
+        os.environ.pop("FLASH3_QUANTIZE_RAW", None)
 
 
 if __name__ == "__main__":

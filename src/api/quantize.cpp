@@ -1,6 +1,7 @@
 // flash3::quantize_fp8 (flash3.h): validation and lowering; the kernels are
-// in src/quant/quantize_fp8.cu.
+// in src/quant/quantize_fp8.cu (quantize_fp8_raw.cu where FLASH3_QUANTIZE_RAW=1).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "api/overlap.h"
@@ -177,6 +178,8 @@ Status quantize_fp8(const QuantizeFp8Args& a, cudaStream_t stream) {
       p.rotary_dim = int(2 * a.rotary_cos.shape[1]);
       p.rotary_interleaved = a.rotary_interleaved;
     }
+    const char* raw = std::getenv("FLASH3_QUANTIZE_RAW");
+    if (raw != nullptr && std::string(raw) == "1") return launch_quantize_fp8_raw(p, stream);
     return launch_quantize_fp8(p, stream);
   } catch (...) {
     return Status{StatusCode::kInternal, "flash3::quantize_fp8: unexpected exception"};

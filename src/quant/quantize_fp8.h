@@ -43,4 +43,12 @@ void hadamard_sign_bits(int d, uint64_t seed, uint32_t (&bits)[8]);
 // group).
 Status launch_quantize_fp8(const QuantizeFp8Params& p, cudaStream_t stream);
 
+// The same, by the register-lean kernels of quantize_fp8_raw.cu: the block
+// held as raw 16-bit values (64 registers, four CTAs per SM at d = 128), the
+// amax in x's type, the quotient by a reciprocal and one FMA correction
+// without flushing subnormals (quant/fp8_divide.h). The API takes it where the
+// environment sets FLASH3_QUANTIZE_RAW=1: it has not run on a GPU yet, and
+// replaces launch_quantize_fp8 once its tests pass and it measures faster.
+Status launch_quantize_fp8_raw(const QuantizeFp8Params& p, cudaStream_t stream);
+
 }  // namespace flash3

@@ -5,7 +5,10 @@
 // wrote, the quotient in fp32): within half an e4m3 step of it, equal to its
 // e4m3 rounding (all bytes; 99.9% with the rotation), NaN never. Strided x / out
 // (padding between heads) with poisoned padding that must stay untouched.
+// Both kernel sets: quantize_fp8.cu (the default) and quantize_fp8_raw.cu
+// (FLASH3_QUANTIZE_RAW=1), until one replaces the other.
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <sstream>
@@ -34,6 +37,7 @@ struct QCase {
   bool hadamard = false, block = false;
   int rotary_dim = 0;  // > 0: rotary tables of rotary_dim / 2 columns (8 spare rows)
   bool interleaved = true;
+  double scale = 1.0;  // every value multiplied by this (extreme descales)
   uint64_t seed = 1;
 };
 
@@ -49,6 +53,7 @@ void run(const QCase& c) {
   name << flash3::dtype_name(c.dtype) << " b" << c.b << " s" << c.s << " h" << c.h << " d" << c.d << " hps" << c.hps
        << (c.hadamard ? " hadamard" : "") << (c.block ? " block" : "") << (c.pad ? " padded" : "");
   if (c.rotary_dim > 0) name << " rotary" << c.rotary_dim << (c.interleaved ? " interleaved" : " half-split");
+  if (c.scale != 1.0) name << " scale " << c.scale;
   SCOPED_TRACE(name.str());
   std::mt19937_64 rng(c.seed);
   std::normal_distribution<double> nd(0.0, 1.0);
@@ -57,7 +62,7 @@ void run(const QCase& c) {
   std::vector<double> x(static_cast<size_t>(n));  // dense (b, s, h, d), values of the dtype
   std::vector<uint16_t> hx(static_cast<size_t>(n_in), 0x7fc0);  // padding: NaN
   for (int64_t i = 0; i < n; ++i) {
-    double v = nd(rng) * (rng() % 97 == 0 ? 30.0 : 1.0);  // some outliers
+    double v = nd(rng) * (rng() % 97 == 0 ? 30.0 : 1.0) * c.scale;  // some outliers
     const uint16_t bits = float_to_half_bits(c.dtype, float(v));
     x[size_t(i)] = half_bits_to_float(c.dtype, bits);
     const int64_t e = i % c.d, hh = (i / c.d) % c.h, ss = (i / (int64_t(c.d) * c.h)) % c.s, bb = i / (int64_t(c.d) * c.h * c.s);
@@ -152,32 +157,67 @@ void run(const QCase& c) {
     if (i % sh >= c.d) ASSERT_EQ(out[size_t(i)], 0xA5) << "padding byte " << i << " written";
 }
 
+// Selects the kernel set for the calls in its scope.
+struct QuantizerKernels {
+  explicit QuantizerKernels(bool raw) : trace(__FILE__, __LINE__, raw ? "quantize_fp8_raw.cu" : "quantize_fp8.cu") {
+    if (raw) setenv("FLASH3_QUANTIZE_RAW", "1", 1);
+    else unsetenv("FLASH3_QUANTIZE_RAW");
+  }
+  ~QuantizerKernels() { unsetenv("FLASH3_QUANTIZE_RAW"); }
+  testing::ScopedTrace trace;
+};
+
 TEST(QuantizeFp8Gpu, MatchesReference) {
   FLASH3_SKIP_WITHOUT_HOPPER();
   uint64_t seed = 10;
-  for (DType dt : {DType::kBFloat16, DType::kFloat16})
-    for (int d : {64, 96, 128, 256})
-      for (bool had : {false, true}) {
-        if (had && (d & (d - 1))) continue;
-        QCase c;
-        c.dtype = dt, c.d = d, c.hadamard = had, c.seed = ++seed;
-        run(c);
-        c.hps = 2, c.pad = 16, c.s = 77, c.seed = ++seed;  // GQA groups, strided
-        run(c);
-        c.hps = 1, c.block = true, c.s = 300, c.seed = ++seed;  // block scales, partial last block, strided
-        run(c);
-        c.pad = 0, c.s = 128, c.b = 1, c.seed = ++seed;
-        run(c);
-        // Rotary first (interleaved and half-split, full and partial), block scales.
-        if (d % 32 == 0) {
-          for (bool inter : {true, false}) {
-            c.rotary_dim = inter ? d - 16 * (d / 64) : (d & (d - 1)) == 0 ? d / 2 : 32;
-            c.interleaved = inter, c.s = 200, c.pad = 16, c.seed = ++seed;
-            run(c);
+  for (bool raw : {false, true}) {
+    const QuantizerKernels kernels(raw);
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (int d : {32, 40, 64, 96, 128, 192, 256})  // (raw kernels' lanes per row: 1, 2, 2, 4, 4, 8, 8)
+        for (bool had : {false, true}) {
+          if (had && (d & (d - 1))) continue;
+          QCase c;
+          c.dtype = dt, c.d = d, c.hadamard = had, c.seed = ++seed;
+          run(c);
+          c.hps = 2, c.pad = 16, c.s = 77, c.seed = ++seed;  // GQA groups, strided
+          run(c);
+          c.hps = 1, c.block = true, c.s = 300, c.seed = ++seed;  // block scales, partial last block, strided
+          run(c);
+          c.pad = 0, c.s = 128, c.b = 1, c.seed = ++seed;
+          run(c);
+          // Rotary first (interleaved and half-split, full and partial), block scales.
+          // Raw kernels: half-split pairs lie in lanes rotary_dim / 16 pieces apart,
+          // or in one lane 1 or 2 pieces apart (power-of-two d: rotary_dim = d / 2 or d).
+          if (d % 32 == 0) {
+            for (int rd : {d - 16 * (d / 64), -(d & (d - 1) ? 32 : d / 2), -(d & (d - 1) ? 16 : d)}) {
+              c.rotary_dim = rd > 0 ? rd : -rd;
+              c.interleaved = rd > 0, c.s = 200, c.pad = 16, c.seed = ++seed;
+              run(c);
+            }
+            c.rotary_dim = 0;
           }
-          c.rotary_dim = 0;
         }
+  }
+}
+
+TEST(QuantizeFp8Gpu, ExtremeDescales) {
+  // bf16 values near its smallest normals (descales below fp32's normal
+  // range) and near its largest (descales of 2^100 and more): every byte still
+  // the e4m3 rounding of the fp32 quotient. (The default kernels flush fp32
+  // subnormals, -use_fast_math: only the raw ones take the 1e-38 rows.)
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  uint64_t seed = 500;
+  for (bool raw : {false, true}) {
+    const QuantizerKernels kernels(raw);
+    for (double scale : {1e-38, 1e-30, 1e30, 1e36}) {
+      if (scale < 1e-37 && !raw) continue;
+      for (bool block : {false, true}) {
+        QCase c;
+        c.scale = scale, c.block = block, c.s = 200, c.seed = ++seed;
+        run(c);
       }
+    }
+  }
 }
 
 TEST(QuantizeFp8Gpu, RotationKeepsScores) {
