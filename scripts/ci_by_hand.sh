@@ -3,7 +3,7 @@
 # as a fresh clone is, so CMake itself finds (pip-installs) the CUTLASS headers; then installs
 # into a temporary prefix. Arguments that differ from the README: -DFLASH3_BUILD_KERNELS=OFF,
 # and ctest leaves out the GPU tests.
-# .ci/run has just compiled the default kernel set from the same sources (scripts/test.sh), and
+# .ci/run has just compiled the kernels (bf16, e4m3) from the same sources (scripts/test.sh), and
 # a second compile would double CI's time; the manifest, configure, API, tests and install
 # steps are the same with and without kernels.
 # Needs what scripts/bootstrap.sh installs (cmake, ninja, g++, GoogleTest, python3 with pip).
