@@ -19,6 +19,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flash3/version.h"  // FLASH3_VERSION_MAJOR / MINOR / PATCH / STRING
+
 namespace flash3 {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat8E4M3 = 3 };

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flash3/version.h" /* FLASH3_VERSION_MAJOR / MINOR / PATCH / STRING / NUMBER */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -225,7 +227,11 @@ int flash3_forward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v)
 int flash3_backward_is_built(int32_t dtype, int32_t head_dim, int32_t head_dim_v);
 int flash3_device_is_supported(void);
 const char* flash3_last_error(void);
+/* The loaded library's version: "MAJOR.MINOR.PATCH", and as FLASH3_VERSION_NUMBER
+ * (MAJOR * 10000 + MINOR * 100 + PATCH). A program can compare it with the
+ * FLASH3_VERSION_* macros of the headers it was compiled against. */
 const char* flash3_version(void);
+int flash3_version_number(void);
 
 #ifdef __cplusplus
 }

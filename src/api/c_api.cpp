@@ -533,4 +533,6 @@ const char* flash3_last_error(void) { return g_last_error.c_str(); }
 
 const char* flash3_version(void) { return flash3::version(); }
 
+int flash3_version_number(void) { return FLASH3_VERSION_NUMBER; }
+
 }  // extern "C"
