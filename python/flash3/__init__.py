@@ -33,7 +33,17 @@ from .flash_attn_interface import (  # noqa: F401
     quantize_fp8,
 )
 
-__version__ = _C.version()
+__version__ = _C.version()  # the loaded libflash3's version (top-level VERSION file, include/flash3/version.h)
+try:  # the package's own version (setup.py writes _version.py from VERSION at build time)
+    from ._version import __version__ as _package_version
+except ImportError:  # a source tree on sys.path, not built by setup.py
+    _package_version = __version__
+
+# flash3 as an implementation of torch's SDPA FlashAttention backend: registered (torch 2.11+),
+# never activated here: torch.nn.attention.activate_flash_attention_impl("flash3") does (flash3.sdpa).
+from . import sdpa  # noqa: E402
+
+sdpa.register()
 
 __all__ = [
     "flash_attn_func",
@@ -45,5 +55,6 @@ __all__ = [
     "forward_is_built",
     "backward_is_built",
     "device_is_supported",
+    "sdpa",
     "__version__",
 ]

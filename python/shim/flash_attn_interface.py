@@ -1,0 +1,8 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+"""FlashAttention-3's ``flash_attn_interface`` module, served by flash3 (flash3-fa3-shim).
+
+See ``_flash3_fa3_shim`` for what is provided and what raises NotImplementedError.
+"""
+from _flash3_fa3_shim import *  # noqa: F401,F403
+from _flash3_fa3_shim import __all__  # noqa: F401
