@@ -129,6 +129,27 @@ def test_plumbing_on_cpu_matches_sdpa(monkeypatch):
         torch.testing.assert_close(packed, torch.cat([ref(d).logits for d in docs], dim=1), rtol=1e-4, atol=1e-4)
 
 
+def _gemma2_config():
+    return transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
+                                     attn_logit_softcapping=30.0, final_logit_softcapping=None,
+                                     query_pre_attn_scalar=64, attention_dropout=0.0)
+
+
+def test_sliding_window_and_softcap_plumbing_on_cpu(monkeypatch):
+    """Gemma 2 (sliding window 64 on every other layer, softcap 30, scaling from
+    query_pre_attn_scalar), fp32 on the CPU with the reference in place of the kernels, against
+    transformers' eager attention."""
+    _fake_flash3(monkeypatch)
+    torch.manual_seed(0)
+    ref = transformers.Gemma2ForCausalLM._from_config(_gemma2_config(), attn_implementation="eager")
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation("flash3")
+    ids = torch.randint(0, VOCAB, (2, 150), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+
+
 @needs_hopper
 def test_logits_and_training_step_match_sdpa():
     _skip_unless_built()
@@ -232,12 +253,8 @@ def test_sliding_window_and_softcap_match_sdpa():
     _skip_unless_built()
     if not flash3.forward_is_built(torch.bfloat16, 64, 64):
         pytest.skip("bf16 d=64 not built")
-    cfg = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
-                                    attn_logit_softcapping=30.0, final_logit_softcapping=None,
-                                    query_pre_attn_scalar=64, attention_dropout=0.0)
     torch.manual_seed(0)
-    ref = transformers.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager",
+    ref = transformers.Gemma2ForCausalLM._from_config(_gemma2_config(), attn_implementation="eager",
                                                       dtype=torch.bfloat16).to(DEVICE)
     ours = copy.deepcopy(ref)
     ours.set_attn_implementation("flash3")
