@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3 benchmark: TFLOP/s of flash3 beside torch SDPA (cuDNN and FlashAttention-2).
 
 Shapes follow the FlashAttention-3 paper: 16k tokens per batch (batch = 16384 // seqlen),

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """FP8 (e4m3) forward against flash3's own bf16 forward, one process, sustained load.
 
 The 14 headline rows (16k tokens, hidden 2048: batch = 16384 / seqlen, heads =

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """FP8 accuracy with outliers (seed 6.4, the FlashAttention-3 paper's experiment), and the
 quantization kernel's bandwidth.
 

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # Locates the CUTLASS/CuTe headers:
 #   1. -DCUTLASS_DIR=<checkout>              (include/, tools/util/include/)
 #   2. <source>/.deps/cutlass                 (pip --target install made by scripts/bootstrap.sh)

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """A serving loop's attention with flash3.flash_attn_with_kvcache: prefill, then decode steps
 replayed from a CUDA graph, checked against torch at the end.
 

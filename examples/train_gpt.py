@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Train a small GPT twice, with flash3 attention and with torch SDPA, and compare the loss curves.
 
 Data: a token stream from a fixed random Markov chain (vocab 512, each token has 8 possible

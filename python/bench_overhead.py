@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Per-call overhead of flash3's Python API vs a direct C++ call (forward, bf16).
 
 For each shape (batch 1, 16 heads, head_dim 128; by default seqlen_q x seqlen_k = 1 x 1024,

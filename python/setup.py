@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Build of the flash3 Python package (torch extension flash3._C + libflash3.so), and its wheel.
 
     pip install --no-build-isolation ./python          # build and install here

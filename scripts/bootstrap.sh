@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # Installs what flash3 needs on a fresh machine (Debian-based, as root or with sudo):
 # cmake, make, ninja, g++, GoogleTest, python3 (+ pip while the CUTLASS headers are missing)
 # from apt, and the CUTLASS/CuTe headers (PyPI nvidia-cutlass==4.2.0.0 into .deps/cutlass).

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # Configure + build into ${BUILD_DIR:-build}. Extra arguments go to cmake, e.g.
 #   scripts/build.sh -DFLASH3_HDIMS=128 -DFLASH3_DTYPES=bf16     (one variant, quick)
 set -euo pipefail

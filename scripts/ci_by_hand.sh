@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # CI: the README's "Building by hand" commands on a copy of the tree without .deps/ or build/,
 # as a fresh clone is, so CMake itself finds (pip-installs) the CUTLASS headers; then installs
 # into a temporary prefix. Arguments that differ from the README: -DFLASH3_BUILD_KERNELS=OFF,

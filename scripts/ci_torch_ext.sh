@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # CI: compiles and links the torch extension (python/csrc/flash3_torch.cpp) against the headers
 # and libraries of PyPI's torch wheel and BUILD_DIR's libflash3.so; fails when either step fails.
 # torch is unpacked, not installed: importing it loads its CUDA libraries (the nvidia-* wheels,

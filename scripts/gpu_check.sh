@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # Full check on the GPU machine (Hopper, CUDA toolkit, cmake, ninja, torch; no network):
 #   build (all cores, into build/, reused when present) -> ctest (unit tests, then the
 #   GPU tests) -> bench/bench.py -> optional compute-sanitizer runs -> optional Python

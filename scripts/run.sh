@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # The main job: on a Hopper GPU, runs flash3 on the built-in standard shapes
 # (FlashAttention-3 paper shapes), checks each against a reference and prints a
 # TFLOP/s table beside cuDNN and FlashAttention-2 (torch SDPA). Without a Hopper

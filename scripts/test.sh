@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # The test command: installs what is missing, builds, runs every test under ctest.
 # CPU tests always run; GPU tests run on a Hopper GPU and are reported as skipped
 # (with the reason) elsewhere. Extra arguments go to cmake.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3_info: prints the library version, the built kernel variants and whether
 // this machine has a GPU flash3 can run on. `--check` prints only a failure line
 // and exits 2 when there is no Hopper GPU.

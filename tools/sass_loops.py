@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Main-loop report from a kernel library's SASS: for every kernel, the
 innermost loops that issue HGMMA (the KV loops of the forward, the query-block
 loop of the backward) with their instruction mix, and whether they touch local

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3 public C++ API.
 //
 // Tensors are described by non-owning views (pointer, dtype, shape, strides in

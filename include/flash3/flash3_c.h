@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+
 /* flash3 C ABI: the same entry points as flash3.h, for FFI (ctypes, Rust, ...).
  * Every function returns a flash3_status (0 = ok); the message of the last
  * failure on the calling thread is returned by flash3_last_error(). */

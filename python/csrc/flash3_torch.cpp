@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3 PyTorch binding: the torch.library operators
 //
 //   flash3::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,

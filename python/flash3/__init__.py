@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3: FlashAttention-3 for Hopper GPUs, with the PyTorch API of FlashAttention-3.
 
     from flash3 import flash_attn_func          # instead of: from flash_attn_interface import flash_attn_func

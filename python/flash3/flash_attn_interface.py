@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3's PyTorch API, argument-compatible with FlashAttention-3's ``flash_attn_interface``.
 
 Swapping the import is enough::

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """What this build of the flash3 package has kernels for, beyond forward_is_built /
 backward_is_built (which report the plain kernels): the test files' shared probes."""
 import pytest

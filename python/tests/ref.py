@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Reference attention for the flash3 tests (torch only; no flash3 import here).
 
 Layout (batch, seqlen, heads, head_dim) as flash_attn_func. Masks as flash3 / FlashAttention-3:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3.flash_attn_combine (split-KV combine, FlashAttention-3's flash_attn_combine) against a
 float64 torch reference, and the num_splits argument of flash_attn_func / flash_attn_varlen_func
 (accepted; bad values raise before anything is launched)."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Bad arguments raise a Python exception of the right type, naming the argument, before any
 kernel is launched (eager mode: the C++ checks; torch.compile: the fake implementation)."""
 import pytest

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3.flash_attn_func vs torch: forward (out, lse) and gradients (dq, dk, dv, through lse too).
 
 Tolerance of out and the gradients (FlashAttention's rule): err(flash3 vs fp32 reference) <=

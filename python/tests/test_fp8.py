@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3.flash_attn_func with FP8 (torch.float8_e4m3fn) inputs: FlashAttention-3's FP8 forward.
 
 Tolerance (docs/design.md, "FP8"): err(flash3 vs fp32 reference on the dequantized inputs) <=

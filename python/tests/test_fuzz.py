@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Seeded random bad calls over the public Python API (issue 39, "no input crashes the process").
 
 flash_attn_func (16-bit and FP8), flash_attn_qkvpacked_func, flash_attn_varlen_func,

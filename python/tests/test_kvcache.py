@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3.flash_attn_with_kvcache (FlashAttention-3's KV-cache attention, forward only) and
 flash3.get_scheduler_metadata against the torch reference of ref.kvcache_ref.
 

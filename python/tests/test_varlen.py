@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """flash3.flash_attn_varlen_func (variable-length forward, cu_seqlens / seqused) vs the fp32
 reference of ref.py, called per sequence on the sliced tensors.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """Runs every bad-argument case of tests/test_errors.py in its own process and
 reports how each one ends (exception type and message, or the signal)."""
 import subprocess

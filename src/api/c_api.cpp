@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // C ABI over the C++ API (flash3_c.h). No exception crosses this boundary; the
 // message of the last failure on the calling thread is kept in a thread_local
 // string (successful calls leave it unchanged).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Public entry points: validate, lower, launch. Nothing here throws: every
 // failure, including an unexpected exception, becomes a Status.
 #include <algorithm>

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Overlap tests of strided views (see overlap.h). Strides are >= 0 here:
 // validation rejects negative strides before it asks.
 #include "api/overlap.h"

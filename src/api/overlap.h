@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Memory overlap of strided tensor views (host only), for the validation of
 // outputs: an output that shares an element with an input or another output,
 // or whose own elements overlap, would be a race inside the kernels.

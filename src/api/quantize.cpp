@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3::quantize_fp8 (flash3.h): validation and lowering; the kernels are
 // in src/quant/quantize_fp8.cu (quantize_fp8_raw.cu where FLASH3_QUANTIZE_RAW=1).
 #include <cstdint>

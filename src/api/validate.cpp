@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Argument validation (see validate.h for the order of the checks) and
 // make_fwd_params(). Every message names the argument, the value seen and what
 // was expected.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Argument validation and lowering of validated arguments into kernel params.
 //
 // The public entry points validate_forward()/validate_backward()/validate_combine() (flash3.h) run,

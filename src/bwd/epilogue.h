@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Backward epilogue: dK (scaled by softmax_scale, seed 7.1.5) and dV converted
 // in registers, staged in shared memory (the K and V buffers, free once every
 // GEMM of the CTA is done) and written to global memory in whole 16-byte row

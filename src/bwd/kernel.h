@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The backward kernels (seed 7.3-7.4, 8.4):
 //   flash_bwd_preprocess_kernel : D = rowsum(dO * O) - dLSE, LSE * log2(e), zero dQ accumulator
 //   flash_bwd_kernel            : warp-specialized five-GEMM loop, one CTA per KV block

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Compile-time description of one backward variant (seed chapters 7-8): tile
 // shapes, the five tiled WGMMAs, shared-memory layouts (with the transposed
 // views the dual-orientation operands need), TMA types, shared storage.

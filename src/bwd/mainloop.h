@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Backward mainloop (seed 7.4-7.6): the producer's TMA load loop, the dQ store
 // agent, and the consumers' five-GEMM loop over query blocks.
 //

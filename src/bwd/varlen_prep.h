@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The backward's varlen prep kernel: before a variable-length backward, fills
 // its scratch (common/seqlen.h) from the device-resident cu_seqlens /
 // seqused: each sequence's offsets and lengths, its four tensor maps (q, k,

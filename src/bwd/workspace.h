@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Backward scratch memory (seed 7.3), one allocation carved into six arrays.
 // Rows are padded to whole query blocks so every per-block access (1-D bulk
 // copies of the statistics, the dQ reduce-add) is in bounds and aligned.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Split-KV combine kernel (see combine.h for the contract).
 //
 // One warp per (row, head): the lanes reduce the max and the sum of exp over

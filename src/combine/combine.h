@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Split-KV combine (seed ch. 10): merges the fp32 partial outputs and LSEs of
 // num_splits KV splits into the final output, row by row:
 //   lse = log(sum_s exp(lse_s)),  out = sum_s exp(lse_s - lse) * out_s.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Which KV blocks a query tile visits, and which of them need a mask.
 // Host + device so the CPU tests check exactly what the kernel runs.
 //

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The few PTX operations CuTe has no wrapper for: the TMA bulk reduce-add that
 // accumulates dQ into global fp32 (seed 7.6), the bulk-group completion wait,
 // and the acquire/release pair of the deterministic-mode semaphores.

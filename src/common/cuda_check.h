@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Checked CUDA calls: every runtime call and launch goes through these so a
 // failure becomes a Status that names the call, never a silent wrong answer.
 #pragma once

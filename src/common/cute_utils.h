@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Small CuTe helpers shared by the forward and backward kernels: the WGMMA
 // issue/commit/wait wrapper, accumulator layout views, quad reductions and the
 // paired fp32 -> fp16/bf16 conversion.

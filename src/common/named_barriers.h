@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Named hardware barriers of the forward kernel, in one place with their
 // participant counts. CUTLASS reserves ids below FirstUserBarrier (8); the
 // values here are user ids and cutlass::arch::NamedBarrier adds that offset.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Internal kernel parameters: the public TensorViews lowered once on the host
 // (after validation) into plain integers the kernels and host heuristics use.
 #pragma once

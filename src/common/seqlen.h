@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Variable-length batches: where each sequence lives, and the scratch the
 // varlen prep kernel (fwd/varlen_prep.h) fills for the attention kernel.
 //

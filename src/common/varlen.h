@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Device helpers of the varlen prep kernels (fwd/varlen_prep.h,
 // bwd/varlen_prep.h): each sequence's rows, its tensor maps and the tile maps,
 // all computed on the device from cu_seqlens / seqused, so a varlen call needs

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The tile tables of the forward and backward kernels and the tuned constants
 // of their schedules. Used by the launcher (as constexpr template arguments)
 // and by host-side heuristics/tests, so the two can never disagree. Forward

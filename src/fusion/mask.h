@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Masking policy (hook order: score modifier -> mask -> softmax). Scores of
 // invisible (query, key) pairs become -inf before the row max. The kernel peels
 // the iterations that need a mask, so the steady-state loop calls none of this.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Score-modifier policy (hook order: score modifier -> mask -> softmax), the
 // same type in both passes. A policy maps the raw Q K^T accumulator S onto the
 // value the softmax exponentiates and gives the factor the backward applies to

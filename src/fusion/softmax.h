@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Online softmax in base 2 (seed 4.6): softmax_scale * log2(e) is folded into
 // one FMA per score; the row sum stays a per-thread partial until finalize(),
 // which saves two shuffles per KV block on the critical path.

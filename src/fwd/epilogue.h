@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Forward epilogue (seed 4.10): O normalised, converted, staged in shared memory
 // over Q's buffer and written with one TMA store; LSE (natural log) written from
 // registers by the thread owning column 0 of each row.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The forward kernel: shared memory, pipelines and warp roles only
 // (mainloop, epilogue and scheduler do the work).
 //   warpgroup 0    : producer (setmaxnreg down; warp 0 lane 0 issues all TMA;

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Compile-time description of one forward variant: tile shapes, WGMMA atoms,
 // shared-memory layouts, TMA atom types and the shared-storage plan.
 #pragma once

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Forward mainloop: the producer's TMA load loop and the consumers' WGMMA +
 // online-softmax loop (seed chapters 4-5).
 //

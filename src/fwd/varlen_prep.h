@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The forward's varlen prep kernel: fills the scratch of a variable-length
 // forward (common/seqlen.h) before the attention kernel runs: each sequence's
 // offsets and lengths, its four tensor maps (q, k, v, out) and the query-tile

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // KV-cache append + rotary kernel (see append_kv.h for the contract).
 //
 // One thread per 8-element chunk (16 bytes) of a row. A grid-stride loop runs

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // KV-cache append with rotary (flash_attn_with_kvcache's k / v / rotary_*):
 // one kernel, launched before the attention kernels on the same stream, that
 //   * writes the new key / value rows of each sequence into its cache entry,

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Backward launch template: carves the workspace, then enqueues preprocess,
 // the main kernel (mask variant and block order chosen at run time) and
 // postprocess on one stream. Instantiated once per manifest row

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The one host file that turns runtime options into compile-time variants.
 // (dtype, head_dim, head_dim_v, score modifier) come from the manifest's
 // kernel_table.inc; the mask variant (none / causal / local), varlen and the

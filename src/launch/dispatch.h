@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The host side of the runtime -> compile-time switch (implemented in dispatch.cu,
 // the one file that maps (dtype, head_dim, head_dim_v, score modifier) onto the
 // generated instantiations).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Forward launch template: builds the TMA descriptors and kernel params for one
 // (dtype, head_dim, head_dim_v) and picks the mask variant at run time.
 // Instantiated once per manifest row (build/generated/fwd_*.cu).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Kernel launches and TMA descriptors as Statuses (used by the launch templates).
 #pragma once
 #include <atomic>

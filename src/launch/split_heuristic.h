@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // How many pieces the forward splits each query tile's KV range into
 // (split-KV / Flash-Decoding, AttentionOptions::num_splits): the heuristic
 // behind num_splits = 0 and the clamp applied to every request. Host code

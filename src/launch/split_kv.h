@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Split-KV scratch (seed ch. 10): where a split launch's fp32 partials live in
 // the forward workspace, after the launch's other scratch (the varlen maps).
 // The launcher (fwd_launch.cuh) and forward_workspace_bytes (dispatch.cu) both

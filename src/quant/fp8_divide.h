@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The FP8 quantizer's arithmetic on one value, host and device (the device
 // kernel in quantize_fp8.cu; the host copy is what tests/unit/test_fp8_divide.cu
 // checks against IEEE division). nvcc only.

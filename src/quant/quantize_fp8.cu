@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // FP8 quantization kernels (quantize_fp8.h). Every kernel tiles x the same
 // way: one CTA per (batch, 128-token block, head), h fastest, so neighbouring
 // CTAs read neighbouring heads of the same tokens (adjacent memory for

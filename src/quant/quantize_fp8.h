@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // FP8 quantization for the FP8 forward (seed 6.3-6.4): x -> e4m3 with one
 // descale (amax / 448) per (batch, group of heads) or per 128-token block of
 // each head, optionally after the

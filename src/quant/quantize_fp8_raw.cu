@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // FP8 quantization kernels, the register-lean variant (quantize_fp8.h,
 // launch_quantize_fp8_raw: taken where FLASH3_QUANTIZE_RAW=1 is set, until it
 // has been measured against quantize_fp8.cu on a GPU). Every kernel tiles x

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU reference for the FP8 (e4m3) forward (seed ch. 6): e4m3 rounding, the
 // quantization of Q / K / V with descales (per tensor, per (batch, head group)
 // or per block of rows), the randomized Hadamard rotation x -> x (1/sqrt d) H D

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU reference of the KV-cache append + rotary (see kvcache_ref.h).
 #include "reference/kvcache_ref.h"
 

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU reference of the KV-cache append + rotary (kvcache/append_kv.h). Not a
 // float64 model: it evaluates the kernel's fp32 rotary formula,
 //   x0' = fma(x0, cos, -(x1 * sin)),  x1' = fma(x0, sin, x1 * cos),

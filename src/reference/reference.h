@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // float64 CPU reference for attention forward and backward, and the
 // low-precision "plain implementation" emulation the tolerance rule compares with.
 //

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The backward's tile scheduler: which KV block (of which KV head and batch)
 // a CTA owns, in the launch order that balances causal trapezoids and keeps a
 // wave's Q / dO in L2. One KV block per CTA (the grid is the schedule).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Tile schedulers: map a CTA to (m_block, head, batch).
 //  * SingleTileScheduler: m_block fastest, so the CTAs of one wave share a
 //    head's K/V in L2 (uniform-cost tiles: no masking).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The fixed-length forward check, shared by test_fwd_gpu.cpp and
 // test_packgqa_gpu.cpp: a case, its memory plan, the flash3 and GPU-reference
 // arguments, and one run judged against the fp32 GPU reference under the

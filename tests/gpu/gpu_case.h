@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Shared vocabulary of the GPU test matrices (test_fwd_gpu.cpp, test_bwd_gpu.cpp):
 // the mask / layout / shape parameters and their printing, strided (b, s, h, d)
 // memory views with dense, padded and packed-QKV layouts, host extraction, the

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Device-side test helpers; see gpu_helpers.cuh for the contracts.
 #include "gpu_helpers.cuh"
 

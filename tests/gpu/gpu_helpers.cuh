@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Device-side helpers of the GPU tests that are not a reference: a stream gate
 // (a kernel that holds a stream until the host opens it), a counter-based
 // random fill for tensors too large to fill from the host, bitwise comparison

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // fp32 GPU reference attention forward and backward; see gpu_reference.cuh for
 // the contracts.
 //

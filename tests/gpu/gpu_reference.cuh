@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // fp32 GPU reference for the attention forward and backward (tests only).
 //
 // Reads the same 16-bit strided (batch, seqlen, heads, head_dim) tensors flash3

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Host-side helpers for the GPU tests: 16-bit conversions, deterministic
 // parallel random fill, device buffers, and the built-variants list.
 #pragma once

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Capturing one flash3::forward into a CUDA graph, shared by
 // test_fwd_workspace_gpu.cpp and test_splitkv_gpu.cpp: the capture, the
 // graph's nodes checked (no allocation or free: the caller workspace covers

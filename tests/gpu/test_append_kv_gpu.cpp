@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU tests of the KV-cache append + rotary kernel (launch_append_kv in
 // src/kvcache/append_kv.h), bit-exact against the CPU reference
 // (src/reference/kvcache_ref.h), which evaluates the same fp32 formula.

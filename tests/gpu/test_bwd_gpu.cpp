@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of flash3::backward.
 //
 // Each case: fresh random q, k, v, dout (and dlse when asked for), flash3::forward

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of the split-KV combine (flash3::combine and, for
 // varlen row maps, launch_combine in src/combine/combine.h) against a float64
 // CPU reference written here independently of the kernel:

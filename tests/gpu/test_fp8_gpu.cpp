@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The FP8 (e4m3) forward against the CPU references, under the FP8 tolerance
 // rule (docs/design.md, "FP8 reference"):
 //     max|ours - ref| <= 2 * max|plain_fp8 - ref| + eps,  no NaN,

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU half of the bad-input fuzz (issue 39, "no input crashes the process";
 // the CPU half is tests/unit/test_fuzz_inputs.cpp): every entry point called
 // with real device buffers and seeded bad arguments that a CPU test cannot

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of flash3::forward.
 //
 // Every result is compared with the fp32 GPU reference (gpu_reference.cuh) under

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Caller-provided forward workspace (ForwardArgs::workspace, forward_workspace_size())
 // on a Hopper GPU, bf16 d = 128:
 //   (a) causal fixed length, seqlen 1024: the persistent causal kernel's tile

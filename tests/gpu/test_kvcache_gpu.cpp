@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3::forward_kvcache (flash_attn_with_kvcache) against the CPU
 // references: the append + rotary (reference/kvcache_ref.h, bit-exact on the
 // whole cache, untouched rows included) and the attention of each sequence

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Problems at the limits of 32-bit indexing and of the launch grid.
 //
 // Large64.*: tensors of more than 2^31 elements. Every element offset past 2^31

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of PackGQA (AttentionOptions::pack_gqa): the forward
 // that packs the g = hq / hkv query heads of a KV head into one query tile's
 // rows (packed row r of kv head hk -> query row r / g, query head hk * g + r % g),

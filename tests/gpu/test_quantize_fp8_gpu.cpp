@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // flash3::quantize_fp8 against the CPU reference (reference/fp8_ref.h): the
 // descales (amax / 448 per (batch, head group) or per 128-token block of each
 // head, after the optional Hadamard rotation) to fp32 precision, and every

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of split-KV (AttentionOptions::num_splits, seed ch. 10:
 // Flash-Decoding): the KV range [n_min, n_max) of each query tile is cut into
 // at most num_splits pieces of ceil((n_max - n_min) / num_splits) blocks, each

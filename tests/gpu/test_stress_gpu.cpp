@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Race stress of flash3::forward and flash3::backward (default, non-deterministic
 // mode): one problem that fills the GPU (4 x 16 heads x 2048 tokens: 512 tiles
 // of 128 rows, several waves on 132 SMs) runs 1000 times on the same inputs.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // GPU correctness tests of the variable-length (varlen) flash3::forward and
 // flash3::backward (AttentionOptions::cu_seqlens_q / cu_seqlens_k / seqused_q /
 // seqused_k). The backward tests (suites VarlenBwd*: gtest filter '*VarlenBwd*')

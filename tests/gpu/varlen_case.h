@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The variable-length forward's case, memory plan, arguments and runs, the
 // checks of a result (per-sequence reference, poison outside the used rows),
 // and the builder of its batches (random lengths, seqused), shared by

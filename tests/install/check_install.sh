@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
+#
 # Installs the built library into a temporary prefix, then
 #   1. checks that libflash3.so exports the public API only (the patterns of cmake/flash3.map),
 #      under the SONAME libflash3.so.MAJOR.MINOR of the VERSION file;

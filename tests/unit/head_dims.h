@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The (head_dim, head_dim_v) pairs that have kernels (tools/manifest.py, HDIMS,
 // through the generated head_dims.inc), for the host tests that check a
 // property of every variant's configuration.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // A fixture for CPU tests that call the entry points past validation: sets
 // FLASH3_SKIP_DEVICE_CHECK=1 (the pointers are host memory, no GPU is
 // needed) for the test and restores the caller's value afterwards.

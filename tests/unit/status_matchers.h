@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // gtest assertions on flash3::Status, shared by the CPU validation tests:
 // IsError checks the code and that the message contains every given piece
 // (the argument's name, the value seen, ...); IsOk prints the message when not.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Host-side kernel logic: the KV block ranges and mask segments the forward
 // kernel iterates (src/common/block_info.h), and the tile-size table.
 #include <gtest/gtest.h>

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // BwdTraits::ds_byte_offset (the 32-bit offsets the consumers' stmatrix stores
 // use) must equal the byte address CuTe's swizzled smem tensor computes for
 // sdS(query, key, stage), for every head-dim variant's dS / P layout. The

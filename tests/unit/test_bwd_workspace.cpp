@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Host-side backward scratch layout (src/bwd/workspace.h): every array starts
 // 256-byte aligned, arrays do not overlap, and the sizes follow the padded
 // row count the kernels index with.

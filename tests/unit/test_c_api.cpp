@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of the C ABI (include/flash3/flash3_c.h): defaults, status codes,
 // flash3_last_error(), NULL handling and agreement with the C++ API. Uses fake,
 // aligned device addresses with FLASH3_SKIP_DEVICE_CHECK=1 (nothing is launched).

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of the split-KV combine's host layer: validate_combine() (every
 // bad argument rejected with a message naming it and the value seen), the
 // empty-problem fast path, make_combine_params() lowering, the C ABI's

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """bench.py's pure logic (CPU only): the --fixed-cost line fit (its intercept /
 slope is the per-tile fixed cost, so the fit must recover a known line, report
 the residual of a point off it, and refuse a single seqlen), the modes' option

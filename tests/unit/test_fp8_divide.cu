@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The FP8 quantizer's per-value arithmetic (quant/fp8_divide.h, host copy of
 // the device code): the reciprocal-and-correction quotient equals IEEE
 // division bit for bit wherever the quotient is a normal float, and gives the

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // FP8 forward (FwdTraits::kFp8) host-side layout checks:
 //  * the PV GEMM's e4m3 A operand built from the QK^T accumulator without
 //    exchanging values between lanes (FwdMainloop's to_p): k-slot s of a

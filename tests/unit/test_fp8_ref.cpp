@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Tests of the FP8 CPU reference (src/reference/fp8_ref.h): e4m3 rounding
 // against the format's 254 finite codes, the Hadamard rotation's
 // orthogonality, the quantizer's descales and error bound, the plain FP8

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU fuzz of bad inputs (issue 39, "no input crashes the process"): every
 // public entry point, C++ and C ABI, called with seeded random corruptions of a
 // valid argument set built on fake device addresses (nothing is dereferenced or

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // The forward's workspace on the CPU: forward_workspace_size() (C++) and
 // flash3_forward_workspace_size() (C ABI) for fixed-length calls (0 unless the
 // persistent causal kernels need their tile counter), varlen calls (the

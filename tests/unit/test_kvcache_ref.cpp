@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Tests of the KV-cache append + rotary CPU reference (src/reference/kvcache_ref.h),
 // the reference the GPU test compares the kernel with bit for bit: the
 // identity and quarter-turn rotations on both pairings, the identity outside

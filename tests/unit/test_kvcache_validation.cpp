@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of forward_kvcache's host layer: check_kvcache_structure() (every
 // bad argument rejected with a message naming it), the lowering to the varlen
 // attention params and the append params, forward_plan(), and the C ABI's

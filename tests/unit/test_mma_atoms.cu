@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Every tiled WGMMA in the tile tables must use one full-width atom per
 // warpgroup: CuTe's GMMA selectors silently fall back to narrow m64n16 atoms
 // for N = 80, 144, 176, 48, ... unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of the overlap tests behind output validation (src/api/overlap.h):
 // every answer is checked against brute-force enumeration of the bytes each
 // view touches.

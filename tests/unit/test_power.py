@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """bench.py --power's sample handling (CPU only): nvidia-smi lines become (time,
 watts, MHz) relative to the run's origin, other lines are dropped, and a
 segment's statistics use only the samples inside its window."""

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of flash3::validate_quantize_fp8 (the FP8 quantization helper's
 // argument checks) and of the rotation's sign draw. Fake device addresses;
 // nothing is dereferenced.

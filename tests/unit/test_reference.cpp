@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Tests of the float64 CPU attention reference (src/reference/reference.h):
 // forward against an independent naive formula, backward against central finite
 // differences, varlen / GQA equivalences, rounding, the low-precision baseline and

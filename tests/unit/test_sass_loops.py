@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+# Copyright (c) 2026 the flash3 authors
 """CPU test of tools/sass_loops.py on a synthetic cuobjdump -sass listing:
 a kernel with a clean HGMMA loop, a spilling HGMMA loop, an mbarrier retry stub
 (conditional self-loop plus a plain BRA back into the loop, which must not count

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // Host-side split-KV logic (src/launch/split_heuristic.h): the heuristic
 // behind AttentionOptions::num_splits = 0 and the clamp of requested counts.
 // The wave efficiency and the blocks per piece are recomputed here from their

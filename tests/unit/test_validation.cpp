@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+//
 // CPU tests of the host API layer (src/api): argument validation of forward and
 // backward, the empty-problem fast path, kernel availability, the device checks
 // on a machine without a GPU, and make_fwd_params() normalisation.

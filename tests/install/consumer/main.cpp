@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Copyright (c) 2026 the flash3 authors
+
 #include <cstdio>
 #include <cstring>
 
