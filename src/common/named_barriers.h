@@ -27,7 +27,8 @@ enum class FwdBarrier : int {
   kPackedQWG3 = 6,
   // Paged KV: the producer warpgroup's 128 threads have each issued their
   // share of a stage's cp.async gather (and its deferred mbarrier arrival)
-  // before thread 0 makes the stage's one plain arrival (FwdMainloop::load_paged).
+  // before thread 0 makes the stage's one plain arrival (FwdMainloop::load_gathered;
+  // fwd/paged_kv.h with FLASH3_SERVING_WIP).
   kPagedKVProducer = 7,
 };
 

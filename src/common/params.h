@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/block_info.h"
+#include "common/build_options.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -75,12 +76,26 @@ struct FwdParams {
   const int* kv_batch_idx = nullptr;
   const int* leftpad_k = nullptr;
   int kv_rows_per_batch = 0;
+  int kv_entries = 0;  // cache entries (paged: page-table rows) cache_batch_idx may pick
+  // Variable-length new rows (KVCacheArgs::cu_seqlens_k_new): sequence b
+  // appended cu_seqlens_k_new[b + 1] - cu_seqlens_k_new[b] rows (of
+  // total_k_new); seqlen_k_new is then 0.
+  const int* cu_seqlens_k_new = nullptr;
+  int total_k_new = 0;
+  // K/V gathered by the producer warpgroup (fwd/paged_kv.h), no per-sequence
+  // tensor maps: paged caches always, contiguous ones as the plan decides.
+  bool kv_direct = false;
+  // kv_direct launches whose sequences have several query tiles take their
+  // tiles from the prep kernel's map (varlen queries mixing prefill chunks and
+  // decode rows); otherwise the grid is the tile map (no prep kernel).
+  bool kv_tile_map = false;
   int seqlen_k_new = 0;
   // Paged KV (KVCacheArgs::page_table): k / v are page pools of page_size
   // rows (k_row_stride apart, pages page_size rows apart), sequence b's row r
   // in page page_table[b * page_table_batch_stride + r / page_size];
   // kv_rows_per_batch is the capacity (max pages x page_size). The packed
-  // varlen kernels gather such tiles (FwdMainloop::load_paged).
+  // varlen kernels gather such tiles (FwdMainloop::load_gathered; fwd/paged_kv.h
+  // with FLASH3_SERVING_WIP).
   const int* page_table = nullptr;
   int64_t page_table_batch_stride = 0;
   int page_size = 0;

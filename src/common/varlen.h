@@ -15,6 +15,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cute/tensor.hpp>
 
+#include "common/build_options.h"
 #include "common/seqlen.h"
 
 namespace flash3 {
@@ -28,11 +29,13 @@ struct VarlenTensor {
 };
 
 // The batch's sequence boundaries (device arrays; seqused may be null).
-// A null cu_seqlens_q / cu_seqlens_k is the KV-cache layout (forward_kvcache):
-// q rows [b * fixed_seqlen_q, + fixed_seqlen_q); K / V in cache entries of
-// k_rows_per_batch rows, sequence b reading entry k_batch_idx[b] (b when
-// null) from row k_leftpad[b] (0) to seqused_k[b] (the cache fill; the whole
-// entry when null) + k_new (the rows appended by this call).
+// A null cu_seqlens_k is the KV-cache layout (forward_kvcache): K / V in
+// k_entries cache entries of k_rows_per_batch rows (paged: the page table's
+// rows, each holding k_rows_per_batch = max_pages * page_size rows), sequence
+// b reading entry k_batch_idx[b] (b when null) from row k_leftpad[b] (0) to
+// seqused_k[b] (the cache fill; the whole entry when null) + k_new (the rows
+// appended by this call). Its q rows: [b * fixed_seqlen_q, + fixed_seqlen_q)
+// with a null cu_seqlens_q, else cu_seqlens_q's (varlen queries).
 struct VarlenSeqs {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
@@ -41,10 +44,41 @@ struct VarlenSeqs {
   int num_seqs, total_q, total_k;
   int fixed_seqlen_q = 0;
   int k_rows_per_batch = 0;
+#if FLASH3_SERVING_WIP
+  int k_entries = 0;
+#endif
   const int* k_batch_idx = nullptr;
   const int* k_leftpad = nullptr;
-  int k_new = 0;
+  int k_new = 0;                   // new rows of every sequence, or
+#if FLASH3_SERVING_WIP
+  const int* cu_k_new = nullptr;   // per sequence: prefix sums over total_k_new rows
+  int total_k_new = 0;
+#endif
 };
+
+#if FLASH3_SERVING_WIP
+// A KV-cache sequence's keys: entry `entry`, rows [lo, lo + seqlen_k) of it.
+// Clamped: the entry into [0, k_entries), the leftpad and the fill into [0,
+// k_rows_per_batch], so no value on the device leads outside the cache.
+struct KVCacheSeq {
+  int entry, lo, seqlen_k;
+};
+CUTLASS_DEVICE KVCacheSeq kv_cache_seq(VarlenSeqs const& a, int b) {
+  const int rows = a.k_rows_per_batch;
+  KVCacheSeq s;
+  s.entry = a.k_batch_idx != nullptr ? min(max(a.k_batch_idx[b], 0), max(a.k_entries - 1, 0)) : b;
+  s.lo = a.k_leftpad != nullptr ? min(max(a.k_leftpad[b], 0), rows) : 0;
+  int k_new = a.k_new;
+  if (a.cu_k_new != nullptr) {  // clamped into [0, total_k_new] as cu_seqlens are
+    const int lo = min(max(a.cu_k_new[b], 0), a.total_k_new);
+    k_new = min(max(a.cu_k_new[b + 1], lo), a.total_k_new) - lo;
+  }
+  // (int64: a fill near INT32_MAX plus the appended rows must not wrap.)
+  const int64_t fill = a.seqused_k != nullptr ? int64_t(max(a.seqused_k[b], 0)) + k_new : int64_t(rows);
+  s.seqlen_k = int(min(max(fill, int64_t(s.lo)), int64_t(rows))) - s.lo;
+  return s;
+}
+#endif
 
 // Sequence b's rows, clamped: offsets into [0, total], a decreasing pair gives
 // length 0, seqused into [0, allocated length]; KV cache: the entry index
@@ -66,6 +100,10 @@ CUTLASS_DEVICE SeqlenInfo varlen_seq_info(VarlenSeqs const& a, int b) {
   if (a.cu_seqlens_k != nullptr) {
     span(a.cu_seqlens_k, a.seqused_k, b, a.total_k, &s.offset_k, &s.seqlen_k);
   } else {
+#if FLASH3_SERVING_WIP
+    // KV cache: offset_k is unused (a cache's rows may pass 2^31; kv_row0).
+    s.seqlen_k = kv_cache_seq(a, b).seqlen_k;
+#else
     const int rows = a.k_rows_per_batch;
     const int entries = rows > 0 ? a.total_k / rows : 0;
     const int entry = a.k_batch_idx != nullptr ? min(max(a.k_batch_idx[b], 0), max(entries - 1, 0)) : b;
@@ -75,13 +113,29 @@ CUTLASS_DEVICE SeqlenInfo varlen_seq_info(VarlenSeqs const& a, int b) {
     const int hi = int(min(max(fill, int64_t(lo)), int64_t(rows)));
     s.offset_k = entry * rows + lo;
     s.seqlen_k = hi - lo;
+#endif
   }
   return s;
 }
 
+#if FLASH3_SERVING_WIP
+// The first key row of sequence b in the k / v tensors, in int64.
+CUTLASS_DEVICE int64_t kv_row0(VarlenSeqs const& a, SeqlenInfo const& si, int b) {
+  if (a.cu_seqlens_k != nullptr) return si.offset_k;
+  const KVCacheSeq e = kv_cache_seq(a, b);
+  return int64_t(e.entry) * a.k_rows_per_batch + e.lo;
+}
+#else
+CUTLASS_DEVICE int64_t kv_row0(VarlenSeqs const&, SeqlenInfo const& si, int) { return si.offset_k; }
+#endif
+
 // Row `row` of tensor t.
 template <class Element>
+#if FLASH3_SERVING_WIP
+CUTLASS_DEVICE const Element* row_ptr(VarlenTensor const& t, int64_t row) {
+#else
 CUTLASS_DEVICE const Element* row_ptr(VarlenTensor const& t, int row) {
+#endif
   return static_cast<const Element*>(t.base) + int64_t(row) * t.row_stride;
 }
 
@@ -134,10 +188,10 @@ CUTLASS_DEVICE void write_varlen_map(int64_t idx, VarlenSeqs const& seqs, cute::
       write_seq_desc(dst, tma_q, row_ptr<Element>(q, si.offset_q), si.seqlen_q, shape_q, q);
       break;
     case kDescK:
-      write_seq_desc(dst, tma_k, row_ptr<Element>(k, si.offset_k), si.seqlen_k, shape_k, k);
+      write_seq_desc(dst, tma_k, row_ptr<Element>(k, kv_row0(seqs, si, b)), si.seqlen_k, shape_k, k);
       break;
     case kDescV:
-      write_seq_desc(dst, tma_v, row_ptr<Element>(v, si.offset_k), si.seqlen_k, shape_v, v);
+      write_seq_desc(dst, tma_v, row_ptr<Element>(v, kv_row0(seqs, si, b)), si.seqlen_k, shape_v, v);
       break;
     default:
       write_seq_desc(dst, tma_x, row_ptr<ElementX>(x, si.offset_q), si.seqlen_q, shape_x, x);

@@ -48,11 +48,22 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   MaskSpec varlen_mask{};
   if constexpr (Traits::kVarlen) {
     SeqlenInfo si;
+#if FLASH3_SERVING_WIP
+    if (FwdMainloop<Traits>::tiles_from_grid(params)) {
+      // KV-cache launch without the prep kernel: the grid is the tile map,
+      // num_m_blocks tiles per sequence for its longest; a shorter
+      // sequence's extra tiles leave here (varlen queries).
+      varlen_tile = KVCacheTileScheduler::tile(params.num_m_blocks, Traits::Mask::kHasRight);
+      si = FwdMainloop<Traits>::kv_seq_info(params, varlen_tile.batch);
+      if (!FwdMainloop<Traits>::tile_has_rows(params, varlen_tile, si)) return;
+    } else {
+#else
     if (FwdMainloop<Traits>::gathers_kv(params)) {
       // KV-cache launch without the prep kernel: the grid is the tile map.
       varlen_tile = KVCacheTileScheduler::tile(params.num_m_blocks, Traits::Mask::kHasRight);
       si = FwdMainloop<Traits>::kv_seq_info(params, varlen_tile.batch);
     } else {
+#endif
       varlen_tile = VarlenTileScheduler::tile(params.varlen);
       if (varlen_tile.m_block < 0) return;
       si = params.varlen.seqs[varlen_tile.batch];

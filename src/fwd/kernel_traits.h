@@ -67,7 +67,7 @@ struct FwdTraits {
   // where Params::kv_direct is a run-time option, taken for paged caches
   // (Params::page_table): no prep kernel, the tiles from the grid, each
   // sequence's rows computed in the kernel, and K/V gathered page by page by
-  // the producer warpgroup (FwdMainloop::load_gathered).
+  // the producer warpgroup (fwd/paged_kv.h).
   static constexpr bool kPagedKV = kVarlen && kPackGQA;
   // FP8 (e4m3, seed ch. 6): both GEMMs take 8-bit operands, which WGMMA
   // reads K-major only. V arrives (keys, d_v) with d_v contiguous, so the
@@ -96,8 +96,13 @@ struct FwdTraits {
   // d_v > 128: rescale O while GEMM0 is in flight, before the PV GEMM is issued,
   // so ALU writes to the large O accumulator never race the WGMMA (seed 4.5).
   static constexpr bool kRescaleOBeforeGemm = kHeadDimV > 128 && kIntraWGOverlap;
-  static constexpr int kProducerRegs = kCfg.producer_regs;
-  static constexpr int kConsumerRegs = kCfg.consumer_regs;
+  // The gathering producer (kPagedKV: its unrolled cp.async pieces and the
+  // looked-up rows of the next blocks) spills at 24 registers; with two
+  // consumer warpgroups it takes 40 and they 232 (the file holds 504 per
+  // thread slot either way; FlashAttention-3's split for its cp.async path).
+  static constexpr bool kGatherRegs = FLASH3_SERVING_WIP && kPagedKV && kCfg.num_mma_wg == 2 && kCfg.producer_regs < 40;
+  static constexpr int kProducerRegs = kGatherRegs ? 40 : kCfg.producer_regs;
+  static constexpr int kConsumerRegs = kGatherRegs ? kCfg.consumer_regs - 8 : kCfg.consumer_regs;
 
   static_assert(kCfg.mma_pv_is_rs, "only the register-sourced PV WGMMA is implemented");
   static_assert(kBlockM == 64 * kNumMmaWG, "tile_m must be 64 x the number of consumer warpgroups");
@@ -272,6 +277,9 @@ struct FwdTraits {
     // k_row_stride apart, pages page_size rows apart) and the page table,
     // sequence b's row of it at page_table + b * page_table_batch_stride.
     bool kv_direct;
+#if FLASH3_SERVING_WIP
+    bool kv_tile_map;  // kv_direct with the prep kernel's tile map (varlen queries of several tiles)
+#endif
     VarlenSeqs kv_seqs;
     const Element* k_ptr;
     const Element* v_ptr;

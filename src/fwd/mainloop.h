@@ -21,6 +21,9 @@
 #include "common/named_barriers.h"
 #include "fusion/mask.h"
 #include "fusion/softmax.h"
+#if FLASH3_SERVING_WIP
+#include "fwd/paged_kv.h"
+#endif
 #include "scheduler/tile_scheduler.h"
 
 namespace flash3 {
@@ -46,7 +49,13 @@ struct FwdMainloop {
                                   NBlockRange range, PipelineState& write, int q_empty_phase) {
     if (range.empty()) return;  // consumers write O = 0 / LSE = -inf without waiting
     if constexpr (Traits::kPagedKV) {
+#if FLASH3_SERVING_WIP
+      if (gathers_kv(params)) {
+        return PagedKVGather<Traits>::load(params, ss, tile.batch, kv_head(params, tile), mask, range, write);
+      }
+#else
       if (gathers_kv(params)) return load_gathered(params, ss, tile, mask, range, write);
+#endif
     }
     const int head_kv = kv_head(params, tile);
     // Fixed length: the launch's tensor maps, batch as the last coordinate.
@@ -132,9 +141,9 @@ struct FwdMainloop {
   }
 
   // ------------------------------------------------ gathering producer
-  // KV-cache launches without the prep kernel (Params::kv_direct: paged
-  // caches): no per-sequence tensor maps, so the producer warpgroup gathers
-  // K/V itself (load_gathered).
+  // KV-cache launches without the prep kernel (Params::kv_direct): no
+  // per-sequence tensor maps, so the producer warpgroup gathers K/V itself
+  // (fwd/paged_kv.h).
   CUTLASS_DEVICE static bool gathers_kv(Params const& params) {
     if constexpr (Traits::kPagedKV) {
       return params.kv_direct;
@@ -142,6 +151,28 @@ struct FwdMainloop {
       return false;
     }
   }
+
+#if FLASH3_SERVING_WIP
+  // kv_direct launches without the prep kernel's tile map take their tiles
+  // from the grid (KVCacheTileScheduler).
+  CUTLASS_DEVICE static bool tiles_from_grid(Params const& params) {
+    if constexpr (Traits::kPagedKV) {
+      return params.kv_direct && !params.kv_tile_map;
+    } else {
+      return false;
+    }
+  }
+
+  // Whether a grid tile holds any of its sequence's (packed) query rows.
+  CUTLASS_DEVICE static bool tile_has_rows(Params const& params, WorkTile tile, SeqlenInfo const& si) {
+    if constexpr (Traits::kPackGQA) {
+      return int64_t(tile.m_block) * kBlockM < int64_t(si.seqlen_q) * params.pack_divmod.divisor;
+    } else {
+      return tile.m_block * kBlockM < si.seqlen_q;
+    }
+  }
+
+#endif
 
   // A KV-cache sequence's rows (kv_direct launches), computed where needed
   // instead of read from the prep kernel's table.
@@ -153,6 +184,7 @@ struct FwdMainloop {
     }
   }
 
+#if !FLASH3_SERVING_WIP
   // One K or V tile into stage sX (kBlockN x kD) by the 128 producer threads
   // (tid = threadIdx.x). Warp w fills rows [w * kBlockN / 4, + kBlockN / 4):
   // lane l first finds the pool row of the warp's row l (row r of the
@@ -242,6 +274,8 @@ struct FwdMainloop {
     };
     issue_kv_loads(range, write, load_k, load_v);
   }
+
+#endif
 
   // The K/V load order of one tile: K(j) before V(j + 1), as the overlapped
   // consumers read them (else K(j), V(j)); write advances past the tile.
@@ -342,7 +376,11 @@ struct FwdMainloop {
   CUTLASS_DEVICE static int64_t packed_seq_offset(Params const& params, WorkTile tile, int64_t batch_stride,
                                                   int64_t row_stride) {
     if constexpr (Traits::kVarlen) {
+#if FLASH3_SERVING_WIP
+      if (gathers_kv(params)) return int64_t(kv_seq_info(params, tile.batch).offset_q) * row_stride;
+#else
       if (gathers_kv(params)) return int64_t(tile.batch) * params.kv_seqs.fixed_seqlen_q * row_stride;
+#endif
       return int64_t(params.varlen.seqs[tile.batch].offset_q) * row_stride;
     } else {
       return int64_t(tile.batch) * batch_stride;

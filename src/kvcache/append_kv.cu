@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Copyright (c) 2026 the flash3 authors
 //
-// KV-cache append + rotary kernel (see append_kv.h for the contract).
+// KV-cache append + rotary kernel (see append_kv.h for the contract). With
+// FLASH3_SERVING_WIP (not yet run on a GPU): variable-length new rows and
+// queries, and paged caches whose table rows are picked by cache_batch_idx.
 //
 // One thread per 8-element chunk (16 bytes) of a row. A grid-stride loop runs
 // over three segments of chunks, in this order: the new K rows (batch,
@@ -179,6 +181,29 @@ struct Segments {
   int64_t k = 0, v = 0, q = 0;
 };
 
+#if FLASH3_SERVING_WIP
+// Row r of a variable-length segment (cu: num_seqs + 1 prefix sums over
+// total rows, each clamped into [0, total] with a decreasing pair empty, as
+// varlen_seq_info reads them): its sequence b and index i within it, or b =
+// -1 for a row no sequence covers. Binary search over the (for valid input
+// non-decreasing) clamped starts.
+struct SeqRow {
+  int b, i;
+};
+__device__ __forceinline__ SeqRow seq_of_row(const int* cu, int num_seqs, int total, int64_t r) {
+  auto start = [&](int b) { return min(max(cu[b], 0), total); };
+  int lo = 0, hi = num_seqs - 1;  // the last b with start(b) <= r
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start(mid) <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  const int s0 = start(lo), s1 = min(max(cu[lo + 1], s0), total);
+  if (r < s0 || r >= s1) return {-1, 0};
+  return {lo, int(r - s0)};
+}
+#endif
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     append_kv_kernel(const AppendKVParams p, const Segments n, const RotaryShape rot) {
@@ -194,8 +219,20 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = u / chunks;  // (b, i, h)
       const int h = static_cast<int>(row % p.heads_kv);
       const int64_t bi = row / p.heads_kv;
+#if FLASH3_SERVING_WIP
+      int b, i;
+      if (p.cu_seqlens_new != nullptr) {  // row bi of (total_new, ...)
+        const SeqRow sr = seq_of_row(p.cu_seqlens_new, p.batch, p.total_new, bi);
+        if (sr.b < 0) continue;  // a row no sequence appends
+        b = sr.b, i = sr.i;
+      } else {
+        i = static_cast<int>(bi % p.seqlen_new);
+        b = static_cast<int>(bi / p.seqlen_new);
+      }
+#else
       const int i = static_cast<int>(bi % p.seqlen_new);
       const int b = static_cast<int>(bi / p.seqlen_new);
+#endif
       const int cache_len = max(p.cache_seqlens[b], 0);
       const int64_t dst_row = int64_t(cache_len) + i;
       if (dst_row >= p.cache_rows) continue;  // dropped: past the cache's end
@@ -203,13 +240,23 @@ __global__ void __launch_bounds__(kThreads)
       int64_t entry = min(max(p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, 0), p.cache_batches - 1);
       int64_t cache_row = dst_row;
       if (p.page_table != nullptr) {
+#if FLASH3_SERVING_WIP
+        // (the entry's row of the page table)
+        const int page = p.page_table[entry * p.page_table_batch_stride + dst_row / p.page_size];
+#else
         const int page = p.page_table[b * p.page_table_batch_stride + dst_row / p.page_size];
+#endif
         cache_row = int64_t(page) * p.page_size + dst_row % p.page_size;
         entry = 0;
       }
       if (is_k) {
+#if FLASH3_SERVING_WIP
+        const int64_t r = p.cu_seqlens_new != nullptr ? bi * p.kn_row_stride : b * p.kn_batch_stride + i * p.kn_row_stride;
+        const T* src = static_cast<const T*>(p.k_new) + r + h * p.kn_head_stride;
+#else
         const T* src = static_cast<const T*>(p.k_new) + b * p.kn_batch_stride + i * p.kn_row_stride +
                        h * p.kn_head_stride;
+#endif
         T* dst = static_cast<T*>(p.k_cache) + entry * p.kc_batch_stride + cache_row * p.kc_row_stride +
                  h * p.kc_head_stride;
         const T *cos_row = nullptr, *sin_row = nullptr;
@@ -219,8 +266,13 @@ __global__ void __launch_bounds__(kThreads)
         }
         rotate_chunk(src, dst, c, rot, cos_row, sin_row);
       } else {
+#if FLASH3_SERVING_WIP
+        const int64_t r = p.cu_seqlens_new != nullptr ? bi * p.vn_row_stride : b * p.vn_batch_stride + i * p.vn_row_stride;
+        const T* src = static_cast<const T*>(p.v_new) + r + h * p.vn_head_stride;
+#else
         const T* src = static_cast<const T*>(p.v_new) + b * p.vn_batch_stride + i * p.vn_row_stride +
                        h * p.vn_head_stride;
+#endif
         T* dst = static_cast<T*>(p.v_cache) + entry * p.vc_batch_stride + cache_row * p.vc_row_stride +
                  h * p.vc_head_stride;
         rotate_chunk(src, dst, c, copy, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr));
@@ -232,15 +284,35 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = u / chunks;  // (b, i, h)
       const int h = static_cast<int>(row % p.heads_q);
       const int64_t bi = row / p.heads_q;
+#if FLASH3_SERVING_WIP
+      int b, i;
+      if (p.cu_seqlens_q != nullptr) {  // row bi of (total_q, ...)
+        const SeqRow sr = seq_of_row(p.cu_seqlens_q, p.batch, p.total_q, bi);
+        if (sr.b < 0) continue;  // a row no sequence covers: not attended to
+        b = sr.b, i = sr.i;
+      } else {
+        i = static_cast<int>(bi % p.seqlen_q);
+        b = static_cast<int>(bi / p.seqlen_q);
+      }
+#else
       const int i = static_cast<int>(bi % p.seqlen_q);
       const int b = static_cast<int>(bi / p.seqlen_q);
+#endif
       const int pos_b = p.rotary_seqlens != nullptr  ? p.rotary_seqlens[b]
                         : p.cache_seqlens != nullptr ? max(p.cache_seqlens[b], 0)
                                                      : 0;
       const T *cos_row, *sin_row;
       table_rows(p, int64_t(pos_b) + (p.q_positions_advance ? i : 0), &cos_row, &sin_row);
+#if FLASH3_SERVING_WIP
+      const bool vq = p.cu_seqlens_q != nullptr;
+      const T* src = static_cast<const T*>(p.q) + (vq ? bi * p.q_row_stride : b * p.q_batch_stride + i * p.q_row_stride) +
+                     h * p.q_head_stride;
+      T* dst = static_cast<T*>(p.q_out) + (vq ? bi * p.qo_row_stride : b * p.qo_batch_stride + i * p.qo_row_stride) +
+               h * p.qo_head_stride;
+#else
       const T* src = static_cast<const T*>(p.q) + b * p.q_batch_stride + i * p.q_row_stride + h * p.q_head_stride;
       T* dst = static_cast<T*>(p.q_out) + b * p.qo_batch_stride + i * p.qo_row_stride + h * p.qo_head_stride;
+#endif
       rotate_chunk(src, dst, c, rot, cos_row, sin_row);
     }
   }
@@ -274,8 +346,15 @@ Status internal(const std::string& what) { return {StatusCode::kInternal, "launc
 }  // namespace
 
 Status launch_append_kv(const AppendKVParams& p, cudaStream_t stream) {
-  const bool append = p.seqlen_new > 0 && p.batch > 0 && p.heads_kv > 0;
-  const bool rotate_q = p.rotary_dim > 0 && p.q_out != nullptr && p.batch > 0 && p.seqlen_q > 0 && p.heads_q > 0;
+#if FLASH3_SERVING_WIP
+  const int64_t new_rows = p.cu_seqlens_new != nullptr ? p.total_new : int64_t(p.batch) * p.seqlen_new;
+  const int64_t q_rows = p.cu_seqlens_q != nullptr ? p.total_q : int64_t(p.batch) * p.seqlen_q;
+#else
+  const int64_t new_rows = int64_t(p.batch) * p.seqlen_new;
+  const int64_t q_rows = int64_t(p.batch) * p.seqlen_q;
+#endif
+  const bool append = new_rows > 0 && p.batch > 0 && p.heads_kv > 0;
+  const bool rotate_q = p.rotary_dim > 0 && p.q_out != nullptr && p.batch > 0 && q_rows > 0 && p.heads_q > 0;
   if (!append && !rotate_q) return Status::Ok();
 
   // Validation's contract, re-checked where the kernel relies on it: whole
@@ -291,18 +370,22 @@ Status launch_append_kv(const AppendKVParams& p, cudaStream_t stream) {
                  p.cache_seqlens == nullptr || p.cache_batches <= 0))
     return internal("appending needs k_new, v_new, both caches, cache_seqlens and cache_batches > 0");
   if (rotate_q && p.q == nullptr) return internal("q_out without q");
+#if FLASH3_SERVING_WIP
+  if (append && p.page_table != nullptr && p.page_size <= 0) return internal("a paged cache needs page_size > 0");
+#else
   if (append && p.page_table != nullptr && (p.page_size <= 0 || p.cache_batch_idx != nullptr))
     return internal("a paged cache needs page_size > 0 and no cache_batch_idx");
+#endif
   if (p.rotary_dim > 0 && p.seqlen_ro > 0 && (p.rotary_cos == nullptr || p.rotary_sin == nullptr))
     return internal("rotary_dim > 0 without the cos / sin tables");
 
   Segments n;
   if (append) {
-    const int64_t rows = int64_t(p.batch) * p.seqlen_new * p.heads_kv;
+    const int64_t rows = new_rows * p.heads_kv;
     n.k = rows * (p.head_dim / kChunk);
     n.v = rows * (p.head_dim_v / kChunk);
   }
-  if (rotate_q) n.q = int64_t(p.batch) * p.seqlen_q * p.heads_q * (p.head_dim / kChunk);
+  if (rotate_q) n.q = q_rows * p.heads_q * (p.head_dim / kChunk);
 
   RotaryShape rot;
   rot.dim = p.rotary_dim;

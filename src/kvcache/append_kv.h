@@ -19,6 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/build_options.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -30,10 +31,17 @@ struct AppendKVParams {
   int heads_kv = 0, head_dim = 0, head_dim_v = 0;
 
   // New rows: (batch, seqlen_new, heads_kv, head_dim[_v]); strides in elements, unit in the last dim.
+  // Variable length (cu_seqlens_new, batch + 1 int32 prefix sums on the device): (total_new, heads_kv,
+  // head_dim[_v]), sequence b's rows [cu_seqlens_new[b], cu_seqlens_new[b + 1]) clamped into
+  // [0, total_new] (seqlen_new and the batch strides unused).
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
   int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+#if FLASH3_SERVING_WIP
+  const int* cu_seqlens_new = nullptr;
+  int total_new = 0;
+#endif
 
   // The caches: (cache_batches, cache_rows, heads_kv, head_dim[_v]).
   void* k_cache = nullptr;
@@ -49,10 +57,11 @@ struct AppendKVParams {
   const int* cache_seqlens = nullptr;    // required when seqlen_new > 0
   const int* cache_batch_idx = nullptr;  // optional
 
-  // Paged caches (page_table not null; cache_batch_idx null): the caches are
-  // page pools, cache_rows the capacity of a sequence, and its row r lives in
-  // page page_table[b * page_table_batch_stride + r / page_size] at row r %
-  // page_size (rows kc_row_stride apart, pages page_size rows apart).
+  // Paged caches (page_table not null): the caches are page pools,
+  // cache_batches the page table's rows, cache_rows the capacity of an entry,
+  // and row r of entry e lives in page page_table[e * page_table_batch_stride
+  // + r / page_size] at row r % page_size (rows kc_row_stride apart, pages
+  // page_size rows apart).
   const int* page_table = nullptr;
   int64_t page_table_batch_stride = 0;
   int page_size = 0;
@@ -70,10 +79,16 @@ struct AppendKVParams {
 
   // Rotated q (only with rotary_dim > 0): q (batch, seqlen_q, heads_q,
   // head_dim) -> q_out, same shape. Query i of sequence b at position pos_b +
-  // i when q_positions_advance (causal / local), else pos_b.
+  // i when q_positions_advance (causal / local), else pos_b. Variable-length
+  // queries (cu_seqlens_q, as cu_seqlens_new): q / q_out (total_q, heads_q,
+  // head_dim); rows no sequence covers are not written.
   const void* q = nullptr;
   void* q_out = nullptr;
   int seqlen_q = 0, heads_q = 0;
+#if FLASH3_SERVING_WIP
+  const int* cu_seqlens_q = nullptr;
+  int total_q = 0;
+#endif
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t qo_batch_stride = 0, qo_row_stride = 0, qo_head_stride = 0;
   bool q_positions_advance = false;

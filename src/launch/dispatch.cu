@@ -153,7 +153,21 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream) {
   FwdParams resolved = params;
   resolved.pack_gqa = fwd_pack_gqa(params) ? 1 : 0;
   resolved.num_splits = fwd_num_splits(params);
-  if (resolved.pack_gqa == 1 || resolved.num_splits > 1 || params.page_table != nullptr) {
+  if (params.kv_cache) {
+    // KV caches: K/V gathered (paged always); sequences with several query
+    // tiles take their tiles from the prep kernel's map.
+#if FLASH3_SERVING_WIP
+    resolved.kv_direct = params.page_table != nullptr || params.kv_direct;
+    const int tile_m = fwd_tile_config(params.head_dim, params.head_dim_v, params.is_causal || params.is_local,
+                                       params.is_local).tile_m;
+    const int64_t pack = resolved.pack_gqa == 1 ? params.heads_q / params.heads_kv : 1;
+    resolved.kv_tile_map = resolved.kv_direct && int64_t(params.max_seqlen_q) * pack > tile_m;
+#else
+    resolved.kv_direct = params.page_table != nullptr;
+    resolved.kv_tile_map = false;
+#endif
+  }
+  if (resolved.pack_gqa == 1 || resolved.num_splits > 1 || resolved.kv_direct) {
 #define FLASH3_FWD(E, T, D, DV, SM)
 #define FLASH3_BWD(E, T, D, DV, SM)
 #define FLASH3_FWD_PACKGQA(E, T, D, DV)                                                     \
@@ -164,7 +178,7 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream) {
 #undef FLASH3_FWD
 #undef FLASH3_BWD
 #undef FLASH3_FWD_PACKGQA
-    if (params.page_table != nullptr) return not_built("paged-KV (packgqa) forward", params);
+    if (resolved.kv_direct) return not_built("paged-KV (packgqa) forward", params);
   }
   const ScoreModKind mod = score_mod_kind(params);
 #define FLASH3_FWD(E, T, D, DV, SM)                                                                            \

@@ -104,6 +104,9 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
     kp.pack_divmod = cutlass::FastDivmod(pack);
     // kv_direct stays off here (launch_fwd_kvcache_direct turns it on).
     kp.kv_direct = false;
+#if FLASH3_SERVING_WIP
+    kp.kv_tile_map = false;
+#endif
     kp.page_table = nullptr;
     if constexpr (Traits::kPagedKV) {
       kp.k_ptr = static_cast<Element const*>(p.k);
@@ -241,6 +244,11 @@ inline VarlenSeqs varlen_seqs_of(const FwdParams& p) {
   if (p.kv_cache) {
     s.fixed_seqlen_q = p.max_seqlen_q;
     s.k_rows_per_batch = p.kv_rows_per_batch;
+#if FLASH3_SERVING_WIP
+    s.k_entries = p.kv_entries;
+    s.cu_k_new = p.cu_seqlens_k_new;
+    s.total_k_new = p.total_k_new;
+#endif
     s.k_batch_idx = p.kv_batch_idx;
     s.k_leftpad = p.leftpad_k;
     s.k_new = p.seqlen_k_new;
@@ -274,7 +282,8 @@ inline FwdParams varlen_as_one_batch(const FwdParams& p) {
 // has max_seqlen_q query rows, so the grid is the tile map
 // (KVCacheTileScheduler); each CTA computes its sequence's rows
 // (varlen_seq_info) and the producer warpgroup gathers K/V
-// (FwdMainloop::load_gathered), so no tensor maps are needed. The split
+// (FwdMainloop::load_gathered, or fwd/paged_kv.h with FLASH3_SERVING_WIP),
+// so no tensor maps are needed. The split
 // partials start at the workspace's base.
 template <class Traits>
 Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
@@ -284,6 +293,9 @@ Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
   kp.tile_order = -1;
   kp.batch = p.batch;
   kp.kv_direct = true;
+#if FLASH3_SERVING_WIP
+  kp.kv_tile_map = false;
+#endif
   kp.kv_seqs = varlen_seqs_of(p);
   const int64_t rows = int64_t(p.max_seqlen_q) * kp.pack_divmod.divisor;
   const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -307,7 +319,7 @@ template <class Traits>
 Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   static_assert(Traits::kVarlen && !Traits::kPersistent, "varlen runs one tile per CTA");
   if constexpr (Traits::kPagedKV) {
-    if (p.kv_cache && p.page_table != nullptr) return launch_fwd_kvcache_direct<Traits>(p, stream);
+    if (p.kv_cache && p.kv_direct && !p.kv_tile_map) return launch_fwd_kvcache_direct<Traits>(p, stream);
   }
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
@@ -322,6 +334,18 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   // with the same tile shape and packing).
   if (p.workspace == nullptr) return Status{StatusCode::kInternal, "varlen forward: no workspace"};
   kp.varlen = varlen_scratch_at(p.workspace, p.batch, bound);
+#if FLASH3_SERVING_WIP
+  if constexpr (Traits::kPagedKV) {
+    // A gathering KV-cache launch whose sequences have several query tiles:
+    // the prep kernel's tile map and sequence info, K/V gathered (its K/V
+    // tensor maps go unused).
+    if (p.kv_cache && p.kv_direct) {
+      kp.kv_direct = true;
+      kp.kv_tile_map = true;
+      kp.kv_seqs = varlen_seqs_of(p);
+    }
+  }
+#endif
 
   VarlenPrepArgs a{};
   a.seqs = varlen_seqs_of(p);
