@@ -111,8 +111,9 @@ struct AttentionOptions {
   // written, but such inputs give meaningless results.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
-  // max_seqlen_q / max_seqlen_k (> 0): the longest sequence, as in
-  // FlashAttention-3. Used only to normalise the window (a side >= max - 1
+  // max_seqlen_q / max_seqlen_k (>= 0; 0: every sequence of that side is
+  // empty): the longest sequence, as in FlashAttention-3. Used to plan the
+  // launch (splits, workspace) and to normalise the window (a side >= max - 1
   // cuts nothing and becomes unbounded); a value below a real length is not
   // detected and turns such a window off for the longer sequences.
   int max_seqlen_q = 0;
@@ -206,11 +207,13 @@ struct BackwardArgs {
 // A split whose lse_s is -inf (no visible key) weighs 0 and its out_s is not
 // read (it may hold anything, NaN included); a row with every split at -inf
 // gets out = 0 and lse = -inf, never NaN.
+// The largest head_dim combine() takes (FlashAttention-3's MLA value dim).
+inline constexpr int kMaxCombineHeadDim = 512;
 struct CombineArgs {
   // (num_splits, batch, seqlen, heads, head_dim) fp32, unit stride in head_dim,
   // 16-byte aligned with the other strides multiples of 4 elements (the
-  // kernel reads float4s). num_splits in [1, 256], head_dim in [1, 256] and a
-  // multiple of 4.
+  // kernel reads float4s). num_splits in [1, 256], head_dim in [4,
+  // kMaxCombineHeadDim] and a multiple of 4.
   TensorView out_partial;
   // (num_splits, batch, seqlen, heads) fp32, natural log; any strides.
   TensorView lse_partial;
@@ -228,30 +231,43 @@ struct CombineArgs {
 // after the optional new rows k_new / v_new have been appended there (with
 // rotary applied to them and to q when rotary_cos / rotary_sin are given).
 // Masks are aligned bottom-right per sequence, as in forward(): with
-// seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seqlen_new, query i of
-// seqlen_q sees key j (counted from the leftpad) iff j <= i + seqlen_k -
+// seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seqlen_new[b], query i of
+// seqlen_q[b] sees key j (counted from the leftpad) iff j <= i + seqlen_k -
 // seqlen_q under causal. softmax_scale, causal, window_*, softcap, pack_gqa
 // and num_splits come from opts (the Python flash_attn_with_kvcache defaults
-// num_splits to 0, the heuristic, as FlashAttention-3 does); its varlen
-// fields must be unset (variable-length q is not supported yet).
+// num_splits to 0, the heuristic, as FlashAttention-3 does).
 //
-// The int32 arrays are device memory of batch entries and are not read by the
+// Variable-length queries (FlashAttention-3's cu_seqlens_q / max_seqlen_q,
+// the call serving frameworks make on a batch mixing prefill chunks and
+// decode tokens): opts.cu_seqlens_q (b + 1 int32 prefix sums over q's rows,
+// b = opts.num_sequences) with opts.max_seqlen_q (>= the longest sequence;
+// 0 is the empty batch); q / out are then (total_q, hq, d) / (total_q, hq,
+// dv), lse (hq, total_q), and sequence b's queries are rows [cu_seqlens_q[b],
+// cu_seqlens_q[b + 1]). opts.cu_seqlens_k, opts.seqused_q / seqused_k stay
+// null (the keys are the cache's: cache_seqlens). Rows of out / lse that no
+// sequence covers are not written.
+//
+// The int32 arrays are device memory of b entries and are not read by the
 // host (no synchronisation, CUDA-graph capturable). Their values are the
-// caller's contract: cache_batch_idx values outside [0, batch_cache) and
-// cache_seqlens / cache_leftpad outside [0, seqlen_cache] are clamped into
+// caller's contract: cache_batch_idx values outside [0, entries) and
+// cache_seqlens / cache_leftpad outside [0, capacity] are clamped into
 // range (nothing outside the tensors is read or written, but the results are
-// meaningless); appended rows at or past seqlen_cache are dropped.
+// meaningless); appended rows at or past the capacity are dropped.
 struct KVCacheArgs {
   TensorView q;        // (b, sq, hq, d); its (b, sq) rows one stride apart: batch stride == sq * row stride, or sq == 1, or b == 1
+                       // (varlen queries: (total_q, hq, d))
   TensorView k_cache;  // (b_cache, s_cache, hkv, d), rows likewise one stride apart; written where k_new is given
                        // (paged: (num_pages, page_size, hkv, d), see page_table)
   TensorView v_cache;  // (b_cache, s_cache, hkv, dv), likewise
   // Optional new rows (both or neither): (b, s_new, hkv, d) / (b, s_new, hkv, dv),
   // written into the cache at rows [cache_seqlens[b], cache_seqlens[b] + s_new)
   // of cache entry cache_batch_idx[b] (the row order ignores cache_leftpad),
-  // then attended to. Needs cache_seqlens.
+  // then attended to. Needs cache_seqlens. With cu_seqlens_k_new (b + 1 int32
+  // prefix sums, FlashAttention-3's): (total_new, hkv, d) / (total_new, hkv,
+  // dv), sequence b appending rows [cu_seqlens_k_new[b], cu_seqlens_k_new[b + 1]).
   TensorView k_new;
   TensorView v_new;
+  const int* cu_seqlens_k_new = nullptr;
   // Optional rotary tables (both or neither; needs k_new): (seqlen_ro,
   // rotary_dim / 2) in q's dtype, unit stride in the last dimension,
   // rotary_dim even, <= d, and seqlen_ro >= s_cache. New key i of sequence b
@@ -269,20 +285,24 @@ struct KVCacheArgs {
   const int* cache_batch_idx = nullptr;  // (b,); null: entry b
   const int* cache_leftpad = nullptr;    // (b,); the entry's first row; null: 0
   const int* rotary_seqlens = nullptr;   // (b,); null: cache_seqlens
-  // Paged KV (optional): page_table is a (b, page_table_max_pages) int32
-  // device array, row b at page_table + b * page_table_batch_stride. k_cache /
-  // v_cache are then page pools (num_pages, page_size, hkv, d[v]) (any
-  // page_size >= 1) and row r of sequence b lives in page page_table[b][r /
-  // page_size] at row r % page_size. A sequence holds at most
-  // page_table_max_pages * page_size rows (the role s_cache has without
+  // Paged KV (optional): page_table is a (page_table_rows, page_table_max_pages)
+  // int32 device array, row e at page_table + e * page_table_batch_stride: one
+  // row per cache entry (page_table_rows 0 means b: entry b is sequence b's;
+  // with cache_batch_idx, sequence b uses row cache_batch_idx[b], as in
+  // FlashAttention-3, so a server can reuse cache slots). k_cache / v_cache
+  // are then page pools (num_pages, page_size, hkv, d[v]) (any page_size >= 1,
+  // fewer than 2^31 rows in all) and cache position p of entry e lives in page
+  // page_table[e][p / page_size] at row p % page_size; a sequence's keys are
+  // positions [cache_leftpad[b], cache_seqlens[b] + s_new). An entry holds at
+  // most page_table_max_pages * page_size rows (the role s_cache has without
   // pages: cache_seqlens null means every sequence is that full, s_new and
-  // seqlen_ro are checked against it). The entries a call touches (rows below
-  // cache_seqlens[b] + s_new) must lie in [0, num_pages): the caller's
-  // contract, not checked (an entry out of range reads or writes out of
-  // bounds). Not with cache_batch_idx or cache_leftpad.
+  // seqlen_ro are checked against it). The pages a call touches (positions
+  // below cache_seqlens[b] + s_new) must lie in [0, num_pages): the caller's
+  // contract, not checked (a page out of range reads or writes out of bounds).
   const int* page_table = nullptr;
-  int64_t page_table_batch_stride = 0;  // elements; >= page_table_max_pages when b > 1
+  int64_t page_table_batch_stride = 0;  // elements; >= page_table_max_pages when it has several rows
   int page_table_max_pages = 0;
+  int page_table_rows = 0;              // 0: b (one row per sequence)
   TensorView out;  // (b, sq, hq, dv), written; rows one stride apart as q's
   // Optional (b, hq, sq) fp32, written; batch stride sq and row stride 1
   // (the kernels' layout is (hq, b * sq): e.g. a (b, hq, sq) view of an
@@ -384,5 +404,11 @@ bool backward_is_built(DType dtype, int head_dim, int head_dim_v);
 bool device_is_supported(std::string* why = nullptr);
 
 const char* version();
+// Whether this library was built with the CMake option FLASH3_SERVING_WIP: the
+// serving work that has not run on a GPU yet (variable-length queries and new
+// rows with a KV cache, paged caches with cache_batch_idx / cache_leftpad, the
+// paged gather with few instructions per piece). Without it those calls
+// return kNotSupported naming the option.
+bool serving_wip_built();
 
 }  // namespace flash3

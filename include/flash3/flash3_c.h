@@ -46,12 +46,12 @@ typedef struct {
   int32_t window_right; /* < 0: unbounded */
   float softcap;        /* 0: off */
   int32_t deterministic;
-  /* Variable length (forward only so far), as in flash3.h: int32 device arrays of
+  /* Variable length (forward and backward), as in flash3.h: int32 device arrays of
    * num_sequences + 1 prefix sums, both or neither; q/k/v/out are then
    * (total, heads, head_dim) and lse (heads, total_q). */
   const int32_t* cu_seqlens_q; /* NULL: fixed length */
   const int32_t* cu_seqlens_k;
-  int32_t max_seqlen_q;        /* > 0 with cu_seqlens: the longest sequence */
+  int32_t max_seqlen_q;        /* >= 0 with cu_seqlens: the longest sequence */
   int32_t max_seqlen_k;
   /* Fields added after the first layout above: a caller's struct_size says
    * whether they are present. */
@@ -173,7 +173,8 @@ flash3_status flash3_combine(const flash3_tensor* out_partial, int64_t out_parti
 
 /* Validation only; nothing is launched. */
 /* KV-cache attention (flash3::forward_kvcache in flash3.h; FlashAttention-3's
- * flash_attn_with_kvcache): q (b, sq, hq, d) attends to each sequence's cache
+ * flash_attn_with_kvcache): q (b, sq, hq, d), or (total_q, hq, d) with
+ * opts->cu_seqlens_q, attends to each sequence's cache
  * entry after the optional new rows k_new / v_new were appended at
  * cache_seqlens (rotated, with q, when rotary_cos / rotary_sin are given).
  * Tensors NULL where absent (q, k_cache, v_cache, out required); the int32
@@ -202,6 +203,15 @@ typedef struct {
   const int32_t* page_table;
   int64_t page_table_batch_stride;
   int32_t page_table_max_pages;
+  /* Added after page_table_max_pages (callers built against the shorter
+   * struct get the defaults, 0 / NULL): the rows of page_table (the cache
+   * entries cache_batch_idx picks; 0: b), and FlashAttention-3's
+   * cu_seqlens_k_new (variable-length new rows: k_new / v_new (total_new,
+   * hkv, d[v]), b + 1 int32 prefix sums; NULL: (b, s_new, hkv, d[v])).
+   * Variable-length queries come through opts (cu_seqlens_q, max_seqlen_q,
+   * num_sequences), as for flash3_forward. */
+  int32_t page_table_rows;
+  const int32_t* cu_seqlens_k_new;
 } flash3_kvcache_args;
 
 flash3_kvcache_args flash3_default_kvcache_args(void);

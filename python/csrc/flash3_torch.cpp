@@ -261,10 +261,23 @@ bool kernel_built(flash3::DType dt, int64_t d, int64_t dv, bool forward) {
   return table[forward ? 1 : 0][t][d / 8][dv / 8];
 }
 
+// "torch.float16, torch.bfloat16": the dtypes with forward kernels in this build.
+std::string built_dtypes() {
+  std::string s;
+  for (const auto t : {at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn})
+    if (built_head_dims(to_f3(t), true) != "none") s += (s.empty() ? "" : ", ") + dtype_str(t);
+  return s.empty() ? "none" : s;
+}
+
+// No forward kernel for (q's dtype, head_dim, head_dim_v): NotImplementedError naming the dtype
+// when the build has none of that dtype (CMake FLASH3_DTYPES), else ValueError naming the head dims.
 void check_head_dim(const Tensor& q, const Tensor& v, const char* v_name = "v") {
   const auto dt = to_f3(q.scalar_type());
   const int64_t d = q.size(-1), dv = v.size(-1);
-  if (!(kernel_built(dt, d, dv, /*forward=*/true))) value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and ", v_name, ".shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built_head_dims(dt, true));
+  if (kernel_built(dt, d, dv, /*forward=*/true)) return;
+  const std::string built = built_head_dims(dt, true);
+  if (built == "none") not_implemented_error("flash3: q.dtype is ", dtype_str(q.scalar_type()), ", and this flash3 build has no ", dtype_str(q.scalar_type()), " kernels (CMake FLASH3_DTYPES); built dtypes: ", built_dtypes());
+  value_error("flash3: unsupported head dim: q.shape[-1] (head_dim) is ", d, " and ", v_name, ".shape[-1] (head_dim_v) is ", dv, "; this flash3 build has ", dtype_str(q.scalar_type()), " kernels for (head_dim, head_dim_v) in ", built);
 }
 
 // q, k, v: CUDA tensors of one device, fp16 / bf16, one dtype (fixed length and varlen).
@@ -319,8 +332,10 @@ void check_int32_vector(const Tensor& t, const char* name, const Tensor& q, cons
   if (!(t.is_contiguous())) value_error("flash3: ", name, ".stride(0) is ", t.stride(0), "; expected a contiguous tensor (use ", name, ".contiguous())");
 }
 
+// 0 is FlashAttention-3's empty batch (every sequence empty): the lengths themselves come from the
+// device arrays, max_seqlen only normalises the window.
 void check_max_seqlen(int64_t m, const char* name, const char* what) {
-  if (!(m >= 1 && m <= INT32_MAX)) value_error("flash3: ", name, " is ", m, "; expected a value in [1, 2147483647] (the length of the longest ", what, " sequence)");
+  if (!(m >= 0 && m <= INT32_MAX)) value_error("flash3: ", name, " is ", m, "; expected a value in [0, 2147483647] (the length of the longest ", what, " sequence)");
 }
 
 void check_seqused(const std::optional<Tensor>& t, const char* name, const Tensor& q, const char* what,
@@ -394,6 +409,18 @@ void check_varlen_backward_tensors(const Tensor& dout, const Tensor& q, const Te
 // The float that reaches flash3::AttentionOptions must be finite and >= 0; the library
 // checks that too, but only once out / lse / dq / ... are allocated and dout possibly copied,
 // and its message names the C++ field. The fake implementations make the same check.
+// A scale the kernels take as float32: 0, or in fp32's normal range below FLT_MAX / 2 (the
+// kernels flush subnormal floats to 0 and multiply the value by log2(e)); the library's
+// check (validate.cpp kernel_float_ok), made before anything is allocated.
+bool kernel_float_ok(double x) {
+  constexpr double kMin = 0x1p-126, kMax = 0x1.fffffep127 / 2;
+  const float f = static_cast<float>(x);  // x is finite and below the float32 overflow here
+  return f == 0.f || (f >= kMin && f <= kMax);
+}
+constexpr const char* kKernelFloatWhy =
+    " (fp32's normal range, [1.17549435e-38, 1.70141173e+38]: the kernels flush subnormal floats to 0 and "
+    "multiply the value by log2(e))";
+
 void check_softmax_scale(std::optional<double> softmax_scale) {
   if (!softmax_scale.has_value()) return;
   // From 2^128 - 2^103 on, a double rounds to float infinity (and converting it is undefined).
@@ -404,6 +431,7 @@ void check_softmax_scale(std::optional<double> softmax_scale) {
     value_error("flash3: softmax_scale is ", s, "; expected None (1/sqrt(head_dim)) or a finite number >= 0 "
                 "(as float32): the online softmax tracks the row maximum of the unscaled scores, which a "
                 "negative scale would turn into the row minimum");
+  if (!kernel_float_ok(s)) value_error("flash3: softmax_scale is ", s, "; expected 0 or a value in fp32's normal range", kKernelFloatWhy);
 }
 
 // The same float32 range check for softcap (0 disables; the fake implementations
@@ -414,6 +442,7 @@ void check_softcap(double softcap) {
   if (!(fits && static_cast<float>(softcap) >= 0.f))
     value_error("flash3: softcap is ", softcap, "; expected a finite number >= 0 (as float32): 0 disables the "
                 "capping, a value > 0 caps the scaled scores s -> softcap * tanh(s / softcap)");
+  if (!kernel_float_ok(softcap)) value_error("flash3: softcap is ", softcap, "; expected 0 (off) or a value in fp32's normal range", kKernelFloatWhy);
 }
 
 // opts.pack_gqa's values, checked before anything is allocated (an int64 beyond int32 would
@@ -821,7 +850,7 @@ void check_combine_inputs(const Tensor& out_partial, const Tensor& lse_partial, 
   const int64_t ns = out_partial.size(0), b = out_partial.size(1), sq = out_partial.size(2), h = out_partial.size(3),
                 d = out_partial.size(4);
   if (!(ns >= 1 && ns <= 256)) value_error("flash3: out_partial.shape[0] (num_splits) is ", ns, "; expected 1 to 256");
-  if (!(d >= 1 && d <= 256)) value_error("flash3: out_partial.shape[4] (head_dim) is ", d, "; expected 1 to 256");
+  if (!(d >= 1 && d <= flash3::kMaxCombineHeadDim)) value_error("flash3: out_partial.shape[4] (head_dim) is ", d, "; expected 1 to ", flash3::kMaxCombineHeadDim);
   const auto want_lp = std::vector<int64_t>{ns, b, sq, h};
   if (!(lse_partial.sizes() == at::IntArrayRef(want_lp))) value_error("flash3: lse_partial has shape ", shape_str(lse_partial), "; expected ", c10::IntArrayRef(want_lp), " (num_splits, batch, seqlen, num_heads) to match out_partial ", shape_str(out_partial));
   const auto want_o = std::vector<int64_t>{b, sq, h, d};
@@ -888,74 +917,92 @@ bool rows_one_stride_apart(const Tensor& t) {
 
 constexpr const char* kPerSequence = "one entry per sequence";
 
+// The layout of one fwd_kvcache call: fixed-length q (batch, seqlen_q, heads, d) or variable-length
+// q (total_q, heads, d) with cu_seqlens_q; new rows (batch, seqlen_new, ...) or (total_new, ...)
+// with cu_seqlens_k_new; a contiguous or a paged cache.
+struct KVCacheLayout {
+  bool varlen_q = false, varlen_new = false, paged = false;
+  int64_t b = 0, sq = 0, hq = 0, d = 0, dv = 0, hkv = 0;
+  int64_t capacity = 0;
+  const char* capacity_what = "";
+};
+
 // An optional per-sequence int32 array (cache_seqlens, cache_batch_idx, cache_leftpad, rotary_seqlens):
-// CUDA on q's device, int32, 1-d, contiguous, q.shape[0] entries. Its values stay on the device.
-void check_per_sequence(const std::optional<Tensor>& t, const char* name, const Tensor& q) {
+// CUDA on q's device, int32, 1-d, contiguous, one entry per sequence. Its values stay on the device.
+void check_per_sequence(const std::optional<Tensor>& t, const char* name, const Tensor& q, const KVCacheLayout& L) {
   if (!has(t)) return;
   check_int32_vector(*t, name, q, kPerSequence);
-  if (!(t->numel() == q.size(0))) value_error("flash3: ", name, " has ", t->numel(), " entries (shape ", shape_str(*t), "); expected ", q.size(0), " (one per sequence: q.shape[0], batch)");
+  if (!(t->numel() == L.b)) value_error("flash3: ", name, " has ", t->numel(), " entries (shape ", shape_str(*t), "); expected ", L.b, L.varlen_q ? " (one per sequence: cu_seqlens_q.numel() - 1)" : " (one per sequence: q.shape[0], batch)");
 }
 
 // New rows k / v: both or neither, CUDA on q's device, q's dtype, (batch, seqlen_new, num_heads_kv,
-// head_dim[_v]) with the cache's heads and head dims, unit stride in the last dimension.
-// capacity: the rows a sequence's cache holds (seqlen_cache, or max_num_pages_per_seq * page_size
-// with a page table), described by capacity_what in the messages.
+// head_dim[_v]), or (total_new, num_heads_kv, head_dim[_v]) with cu_seqlens_k_new, with the cache's
+// heads and head dims, unit stride in the last dimension.
 void check_kvcache_new_rows(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
-                            const Tensor& v, int64_t capacity, const char* capacity_what) {
+                            const Tensor& v, const KVCacheLayout& L) {
   check_cuda_on_device_of({{k, "k"}, {v, "v"}}, q, "q");
   check_same_dtype(k, "k", q);
   check_same_dtype(v, "v", q);
-  check_4d(k, "k", "(batch, seqlen_new, num_heads_kv, head_dim)");
-  check_4d(v, "v", "(batch, seqlen_new, num_heads_kv, head_dim_v)");
+  if (L.varlen_new) {
+    check_3d(k, "k", "(total_new, num_heads_kv, head_dim)");
+    check_3d(v, "v", "(total_new, num_heads_kv, head_dim_v)");
+  } else {
+    check_4d(k, "k", "(batch, seqlen_new, num_heads_kv, head_dim)");
+    check_4d(v, "v", "(batch, seqlen_new, num_heads_kv, head_dim_v)");
+  }
   check_last_dim_contiguous(k, "k", "head_dim");
   check_last_dim_contiguous(v, "v", "head_dim_v");
-  if (!(k.size(0) == q.size(0))) value_error("flash3: k.shape[0] (batch) is ", k.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", k ", shape_str(k), ")");
-  if (!(v.size(0) == q.size(0))) value_error("flash3: v.shape[0] (batch) is ", v.size(0), "; expected ", q.size(0), " to match q.shape[0] (q ", shape_str(q), ", v ", shape_str(v), ")");
-  if (!(v.size(1) == k.size(1))) value_error("flash3: v.shape[1] (seqlen_new) is ", v.size(1), "; expected ", k.size(1), " to match k.shape[1] (k ", shape_str(k), ", v ", shape_str(v), ")");
-  if (!(k.size(2) == k_cache.size(2))) value_error("flash3: k.shape[2] (num_heads_kv) is ", k.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
-  if (!(v.size(2) == k_cache.size(2))) value_error("flash3: v.shape[2] (num_heads_kv) is ", v.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (v ", shape_str(v), ", k_cache ", shape_str(k_cache), ")");
-  if (!(k.size(3) == k_cache.size(3))) value_error("flash3: k.shape[3] (head_dim) is ", k.size(3), "; expected ", k_cache.size(3), " to match k_cache.shape[3] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
-  if (!(v.size(3) == v_cache.size(3))) value_error("flash3: v.shape[3] (head_dim_v) is ", v.size(3), "; expected ", v_cache.size(3), " to match v_cache.shape[3] (v ", shape_str(v), ", v_cache ", shape_str(v_cache), ")");
-  if (!(k.size(1) <= capacity)) value_error("flash3: k.shape[1] (seqlen_new) is ", k.size(1), "; expected at most ", capacity_what, " = ", capacity, ": the cache is too small for the new rows");
+  const int64_t H = k.dim() - 2;  // heads
+  if (!L.varlen_new) {
+    if (!(k.size(0) == L.b)) value_error("flash3: k.shape[0] (batch) is ", k.size(0), "; expected ", L.b, " to match q.shape[0] (q ", shape_str(q), ", k ", shape_str(k), ")");
+    if (!(v.size(0) == L.b)) value_error("flash3: v.shape[0] (batch) is ", v.size(0), "; expected ", L.b, " to match q.shape[0] (q ", shape_str(q), ", v ", shape_str(v), ")");
+  }
+  if (!(v.size(H - 1) == k.size(H - 1))) value_error("flash3: v.shape[", H - 1, "] (", L.varlen_new ? "total_new" : "seqlen_new", ") is ", v.size(H - 1), "; expected ", k.size(H - 1), " to match k (k ", shape_str(k), ", v ", shape_str(v), ")");
+  if (!(k.size(H) == L.hkv)) value_error("flash3: k.shape[", H, "] (num_heads_kv) is ", k.size(H), "; expected ", L.hkv, " to match k_cache.shape[2] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
+  if (!(v.size(H) == L.hkv)) value_error("flash3: v.shape[", H, "] (num_heads_kv) is ", v.size(H), "; expected ", L.hkv, " to match k_cache.shape[2] (v ", shape_str(v), ", k_cache ", shape_str(k_cache), ")");
+  if (!(k.size(H + 1) == L.d)) value_error("flash3: k.shape[", H + 1, "] (head_dim) is ", k.size(H + 1), "; expected ", L.d, " to match k_cache.shape[3] (k ", shape_str(k), ", k_cache ", shape_str(k_cache), ")");
+  if (!(v.size(H + 1) == L.dv)) value_error("flash3: v.shape[", H + 1, "] (head_dim_v) is ", v.size(H + 1), "; expected ", L.dv, " to match v_cache.shape[3] (v ", shape_str(v), ", v_cache ", shape_str(v_cache), ")");
+  if (!L.varlen_new && !(k.size(1) <= L.capacity)) value_error("flash3: k.shape[1] (seqlen_new) is ", k.size(1), "; expected at most ", L.capacity_what, " = ", L.capacity, ": the cache is too small for the new rows");
 }
 
 // Rotary tables: CUDA on q's device, q's dtype, (seqlen_ro, rotary_dim / 2) each, unit stride in
 // the last dimension, rotary_dim <= head_dim, seqlen_ro >= the capacity (seqlen_cache, or
 // max_num_pages_per_seq * page_size with a page table).
-void check_rotary_tables(const Tensor& q, int64_t capacity, const char* capacity_what, const Tensor& cos,
-                         const Tensor& sin) {
+void check_rotary_tables(const Tensor& q, const KVCacheLayout& L, const Tensor& cos, const Tensor& sin) {
   check_cuda_on_device_of({{cos, "rotary_cos"}, {sin, "rotary_sin"}}, q, "q");
   check_same_dtype(cos, "rotary_cos", q);
   check_same_dtype(sin, "rotary_sin", q);
   if (!(cos.dim() == 2)) value_error("flash3: rotary_cos has ", cos.dim(), " dimensions (shape ", shape_str(cos), "); expected a 2-d tensor (seqlen_ro, rotary_dim / 2)");
   if (!(sin.sizes() == cos.sizes())) value_error("flash3: rotary_sin has shape ", shape_str(sin), "; expected ", shape_str(cos), " to match rotary_cos (seqlen_ro, rotary_dim / 2)");
-  if (!(cos.size(1) >= 1 && 2 * cos.size(1) <= q.size(3))) value_error("flash3: rotary_cos.shape[1] (rotary_dim / 2) is ", cos.size(1), "; expected 1 to ", q.size(3) / 2, " (rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = ", q.size(3), ")");
-  if (!(cos.size(0) >= capacity)) value_error("flash3: rotary_cos.shape[0] (seqlen_ro) is ", cos.size(0), "; expected at least ", capacity_what, " = ", capacity, " (one row per cache position)");
+  if (!(cos.size(1) >= 1 && 2 * cos.size(1) <= L.d)) value_error("flash3: rotary_cos.shape[1] (rotary_dim / 2) is ", cos.size(1), "; expected 1 to ", L.d / 2, " (rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = ", L.d, ")");
+  if (!(cos.size(0) >= L.capacity)) value_error("flash3: rotary_cos.shape[0] (seqlen_ro) is ", cos.size(0), "; expected at least ", L.capacity_what, " = ", L.capacity, " (one row per cache position)");
   check_last_dim_contiguous(cos, "rotary_cos", "rotary_dim / 2");
   check_last_dim_contiguous(sin, "rotary_sin", "rotary_dim / 2");
 }
 
 constexpr const char* kPageTableLayout = "(batch, max_num_pages_per_seq)";
 
-// A paged cache's page_table (FlashAttention-3's): CUDA on q's device, int32, 2-d (batch,
-// max_num_pages_per_seq) with q.shape[0] rows of >= 1 entries, each row contiguous (stride(1) == 1)
-// and the rows not overlapping (stride(0) >= shape[1] when batch > 1); k_cache's page_size >= 1;
-// not with cache_batch_idx / cache_leftpad. Its values (page indices) stay on the device: indices
-// outside [0, num_pages) are the caller's contract. The flash3::KVCacheArgs fields come from
-// data_ptr, stride(0) and shape[1].
+// A paged cache's page_table (FlashAttention-3's): CUDA on q's device, int32, 2-d with one row per
+// sequence (or, with cache_batch_idx, one row per cache entry: any number of rows >= 1, sequence b
+// reading row cache_batch_idx[b]) of >= 1 entries, each row contiguous (stride(1) == 1) and the rows
+// not overlapping (stride(0) >= shape[1]); k_cache's page_size >= 1. Its values (page indices) stay
+// on the device: indices outside [0, num_pages) are the caller's contract. The flash3::KVCacheArgs
+// fields come from data_ptr, stride(0), shape[0] and shape[1].
 void check_page_table(const Tensor& t, const Tensor& q, const Tensor& k_cache,
-                      const std::optional<Tensor>& cache_batch_idx, const std::optional<Tensor>& cache_leftpad) {
+                      const std::optional<Tensor>& cache_batch_idx, const KVCacheLayout& L) {
   if (!(t.is_cuda())) value_error("flash3: page_table must be a CUDA tensor on q's device (", q.device().str(), "), but page_table is on device '", t.device().str(), "' (move it with page_table.to(q.device))");
   check_same_device(t, "page_table", q, "q");
   if (!(t.scalar_type() == at::kInt)) type_error("flash3: page_table.dtype is ", dtype_str(t.scalar_type()), "; expected torch.int32 (the page indices of each sequence; use page_table.to(torch.int32))");
   if (!(t.dim() == 2)) value_error("flash3: page_table has ", t.dim(), " dimensions (shape ", shape_str(t), "); expected a 2-d tensor ", kPageTableLayout, " of int32 page indices");
-  if (!(t.size(0) == q.size(0))) value_error("flash3: page_table.shape[0] is ", t.size(0), " (page_table ", shape_str(t), "); expected ", q.size(0), " (one row per sequence: q.shape[0], batch)");
+  if (has(cache_batch_idx)) {
+    if (!(t.size(0) >= 1 && t.size(0) <= INT32_MAX)) value_error("flash3: page_table.shape[0] is ", t.size(0), " (page_table ", shape_str(t), "); expected at least 1 row (one per cache entry that cache_batch_idx picks)");
+  } else if (!(t.size(0) == L.b)) {
+    value_error("flash3: page_table.shape[0] is ", t.size(0), " (page_table ", shape_str(t), "); expected ", L.b, " (one row per sequence; with cache_batch_idx, one per cache entry)");
+  }
   if (!(t.size(1) >= 1 && t.size(1) <= INT32_MAX)) value_error("flash3: page_table.shape[1] (max_num_pages_per_seq) is ", t.size(1), "; expected a value in [1, 2147483647]");
   if (!(t.size(1) == 1 || t.stride(1) == 1)) value_error("flash3: page_table.stride(1) is ", t.stride(1), "; expected 1: each sequence's page indices must be contiguous (use page_table.contiguous())");
   if (!(t.size(0) <= 1 || t.stride(0) >= t.size(1))) value_error("flash3: page_table.stride(0) is ", t.stride(0), "; expected at least page_table.shape[1] (max_num_pages_per_seq) = ", t.size(1), ": the rows of page_table must not overlap (use page_table.contiguous())");
   if (!(k_cache.size(1) >= 1)) value_error("flash3: k_cache.shape[1] (page_size) is ", k_cache.size(1), "; expected >= 1 with page_table (k_cache is a (num_pages, page_size, num_heads_kv, head_dim) page pool)");
-  if (has(cache_batch_idx)) not_implemented_error("flash3: page_table (paged KV cache) together with cache_batch_idx is not supported: a paged cache reaches each sequence's rows through its row of page_table (pass cache_batch_idx=None)");
-  if (has(cache_leftpad)) not_implemented_error("flash3: page_table (paged KV cache) together with cache_leftpad is not supported: the sequences of a paged cache start at row 0 (pass cache_leftpad=None)");
 }
 
 // softcap > 0 with a page table: the paged kernels have no softcap (the library says so too, but
@@ -964,91 +1011,145 @@ void check_page_table_softcap(const std::optional<Tensor>& page_table, double so
   if (has(page_table) && static_cast<float>(softcap) != 0.f) not_implemented_error("flash3: page_table (paged KV cache) with softcap ", softcap, " is not supported yet; pass softcap=0.0, or a contiguous cache");
 }
 
-// Every tensor check of fwd_kvcache, in the order a user would want to hear about them. The
-// library validates again (strides, alignment, overlaps) before launching anything.
-void check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                          const std::optional<Tensor>& k, const std::optional<Tensor>& v,
-                          const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
-                          const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-                          const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
-                          const std::optional<Tensor>& rotary_seqlens) {
+// Every tensor check of fwd_kvcache, in the order a user would want to hear about them; returns
+// the call's layout. The library validates again (strides, alignment, overlaps) before launching
+// anything.
+KVCacheLayout check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const std::optional<Tensor>& k, const std::optional<Tensor>& v,
+                                   const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
+                                   const std::optional<Tensor>& cache_seqlens,
+                                   const std::optional<Tensor>& cache_batch_idx,
+                                   const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
+                                   const std::optional<Tensor>& rotary_seqlens,
+                                   const std::optional<Tensor>& cu_seqlens_q,
+                                   const std::optional<Tensor>& cu_seqlens_k_new, std::optional<int64_t> max_seqlen_q) {
+  KVCacheLayout L;
+  L.varlen_q = has(cu_seqlens_q);
+  L.varlen_new = has(cu_seqlens_k_new);
   check_cuda(q, "q");
   check_cuda_on_device_of({{k_cache, "k_cache"}, {v_cache, "v_cache"}}, q, "q");
   check_dtype_q(q);
   check_same_dtype(k_cache, "k_cache", q);
   check_same_dtype(v_cache, "v_cache", q);
-  check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
+  if (L.varlen_q) check_3d(q, "q", "(total_q, num_heads_q, head_dim)");
+  else check_4d(q, "q", "(batch, seqlen_q, num_heads_q, head_dim)");
   check_4d(k_cache, "k_cache", "(batch_cache, seqlen_cache, num_heads_kv, head_dim)");
   check_4d(v_cache, "v_cache", "(batch_cache, seqlen_cache, num_heads_kv, head_dim_v)");
   check_last_dim_contiguous(q, "q", "head_dim");
   check_last_dim_contiguous(k_cache, "k_cache", "head_dim");
   check_last_dim_contiguous(v_cache, "v_cache", "head_dim_v");
+  const int64_t H = q.dim() - 2;
+  L.hq = q.size(H);
+  L.d = q.size(H + 1);
+  L.dv = v_cache.size(3);
+  L.hkv = k_cache.size(2);
+  if (L.varlen_q) {
+    check_int32_vector(*cu_seqlens_q, "cu_seqlens_q", q, kCuSeqlensQ);
+    if (!(cu_seqlens_q->numel() >= 1)) value_error("flash3: cu_seqlens_q is empty (shape ", shape_str(*cu_seqlens_q), "); expected num_sequences + 1 >= 1 entries (", kCuSeqlensQ, ", starting with 0)");
+    if (!(cu_seqlens_q->numel() - 1 <= INT32_MAX)) value_error("flash3: cu_seqlens_q has ", cu_seqlens_q->numel(), " entries; expected at most 2147483648 (num_sequences is an int32)");
+    if (!max_seqlen_q.has_value()) value_error("flash3: max_seqlen_q is None with cu_seqlens_q; expected the longest query sequence (an int >= 0)");
+    if (!(*max_seqlen_q >= 0 && *max_seqlen_q <= INT32_MAX)) value_error("flash3: max_seqlen_q is ", *max_seqlen_q, "; expected a value in [0, 2147483647] (the length of the longest query sequence)");
+    L.b = cu_seqlens_q->numel() - 1;
+    L.sq = *max_seqlen_q;
+  } else {
+    L.b = q.size(0);
+    L.sq = q.size(1);
+  }
   if (!(v_cache.size(0) == k_cache.size(0))) value_error("flash3: v_cache.shape[0] (batch_cache) is ", v_cache.size(0), "; expected ", k_cache.size(0), " to match k_cache.shape[0] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
   if (!(v_cache.size(1) == k_cache.size(1))) value_error("flash3: v_cache.shape[1] (seqlen_cache) is ", v_cache.size(1), "; expected ", k_cache.size(1), " to match k_cache.shape[1] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
   if (!(v_cache.size(2) == k_cache.size(2))) value_error("flash3: v_cache.shape[2] (num_heads_kv) is ", v_cache.size(2), "; expected ", k_cache.size(2), " to match k_cache.shape[2] (k_cache ", shape_str(k_cache), ", v_cache ", shape_str(v_cache), ")");
-  if (!(k_cache.size(3) == q.size(3))) value_error("flash3: k_cache.shape[3] (head_dim) is ", k_cache.size(3), "; expected ", q.size(3), " to match q.shape[3] (q ", shape_str(q), ", k_cache ", shape_str(k_cache), ")");
-  if (!(k_cache.size(2) >= 1 && q.size(2) % k_cache.size(2) == 0)) value_error("flash3: q.shape[2] (num_heads_q) is ", q.size(2), ", which is not a multiple of k_cache.shape[2] (num_heads_kv) ", k_cache.size(2), "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  if (!(k_cache.size(3) == L.d)) value_error("flash3: k_cache.shape[3] (head_dim) is ", k_cache.size(3), "; expected ", L.d, " to match q's head_dim (q ", shape_str(q), ", k_cache ", shape_str(k_cache), ")");
+  if (!(L.hkv >= 1 && L.hq % L.hkv == 0)) value_error("flash3: q's num_heads_q is ", L.hq, ", which is not a multiple of k_cache.shape[2] (num_heads_kv) ", L.hkv, "; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)");
   check_head_dim(q, v_cache, "v_cache");
   // A page table: k_cache / v_cache are page pools (num_pages, page_size, ...), whose num_pages
   // has nothing to do with the batch; a sequence holds max_num_pages_per_seq * page_size rows.
-  const bool paged = has(page_table);
-  if (paged) check_page_table(*page_table, q, k_cache, cache_batch_idx, cache_leftpad);
-  const int64_t capacity = paged ? page_table->size(1) * k_cache.size(1) : k_cache.size(1);
-  const char* capacity_what = paged ? "page_table.shape[1] * k_cache.shape[1] (max_num_pages_per_seq * page_size)"
-                                    : "k_cache.shape[1] (seqlen_cache)";
-  if (!(paged || has(cache_batch_idx) || k_cache.size(0) >= q.size(0))) value_error("flash3: k_cache.shape[0] (batch_cache) is ", k_cache.size(0), ", less than q.shape[0] (batch) ", q.size(0), "; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache entry b)");
+  L.paged = has(page_table);
+  if (L.paged) check_page_table(*page_table, q, k_cache, cache_batch_idx, L);
+  L.capacity = L.paged ? page_table->size(1) * k_cache.size(1) : k_cache.size(1);
+  L.capacity_what = L.paged ? "page_table.shape[1] * k_cache.shape[1] (max_num_pages_per_seq * page_size)"
+                            : "k_cache.shape[1] (seqlen_cache)";
+  if (!(L.paged || has(cache_batch_idx) || k_cache.size(0) >= L.b)) value_error("flash3: k_cache.shape[0] (batch_cache) is ", k_cache.size(0), ", less than the batch (", L.b, " sequences); expected batch_cache >= batch without cache_batch_idx (sequence b uses cache entry b)");
   // The caches are written in place, so they cannot be copied into the layout the kernels want.
   // (A page pool likewise: its pages are page_size rows apart.)
   for (const NamedTensor& c : {NamedTensor{k_cache, "k_cache"}, NamedTensor{v_cache, "v_cache"}})
     if (!(rows_one_stride_apart(c.t))) {
-      if (paged) value_error("flash3: ", c.name, ".stride(0) (num_pages) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (page_size * row stride): the rows of all pages must be one stride apart (e.g. a contiguous page pool, or one sliced along the heads)");
+      if (L.paged) value_error("flash3: ", c.name, ".stride(0) (num_pages) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (page_size * row stride): the rows of all pages must be one stride apart (e.g. a contiguous page pool, or one sliced along the heads)");
       value_error("flash3: ", c.name, ".stride(0) (batch_cache) is ", c.t.stride(0), "; expected ", c.t.size(1) * c.t.stride(1), " = ", c.name, ".shape[1] * ", c.name, ".stride(1) (seqlen_cache * row stride): the rows of all cache entries must be one stride apart (e.g. a contiguous cache, or one sliced along the heads, not along seqlen_cache)");
     }
   if (has(k) != has(v)) value_error("flash3: k and v (the new rows) must be given together, but ", has(k) ? "v" : "k", " is None");
+  if (L.varlen_new && !has(k)) value_error("flash3: cu_seqlens_k_new is given but k / v are None; expected the new rows it describes");
   if (has(k)) {
-    check_kvcache_new_rows(q, k_cache, v_cache, *k, *v, capacity, capacity_what);
+    check_kvcache_new_rows(q, k_cache, v_cache, *k, *v, L);
     if (!has(cache_seqlens)) value_error("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass cache_seqlens: an int or a (batch,) torch.int32 tensor)");
+  }
+  if (L.varlen_new) {
+    check_int32_vector(*cu_seqlens_k_new, "cu_seqlens_k_new", q, "num_sequences + 1 prefix sums of the new rows");
+    if (!(cu_seqlens_k_new->numel() == L.b + 1)) value_error("flash3: cu_seqlens_k_new has ", cu_seqlens_k_new->numel(), " entries; expected ", L.b + 1, " (num_sequences + 1 prefix sums over k's rows)");
   }
   if (has(rotary_cos) != has(rotary_sin)) value_error("flash3: rotary_cos and rotary_sin must be given together, but ", has(rotary_cos) ? "rotary_sin" : "rotary_cos", " is None");
   if (has(rotary_cos)) {
     if (!has(k)) value_error("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the new keys (and to q) as they are appended; pass k and v, or no rotary tables");
-    check_rotary_tables(q, capacity, capacity_what, *rotary_cos, *rotary_sin);
+    check_rotary_tables(q, L, *rotary_cos, *rotary_sin);
   }
-  check_per_sequence(cache_seqlens, "cache_seqlens", q);
-  check_per_sequence(cache_batch_idx, "cache_batch_idx", q);
-  check_per_sequence(cache_leftpad, "cache_leftpad", q);
-  check_per_sequence(rotary_seqlens, "rotary_seqlens", q);
+  check_per_sequence(cache_seqlens, "cache_seqlens", q, L);
+  check_per_sequence(cache_batch_idx, "cache_batch_idx", q, L);
+  check_per_sequence(cache_leftpad, "cache_leftpad", q, L);
+  check_per_sequence(rotary_seqlens, "rotary_seqlens", q, L);
+  return L;
+}
+
+// out= of fwd_kvcache: q's device and dtype, (batch, seqlen_q, num_heads_q, head_dim_v) or
+// (total_q, num_heads_q, head_dim_v), unit stride in the last dimension; the library checks the
+// rest (strides, alignment, that it shares memory with nothing the call reads or writes).
+void check_out_arg(const Tensor& out, const Tensor& q, int64_t dv) {
+  check_cuda(out, "out");
+  check_same_device(out, "out", q, "q");
+  if (!(out.scalar_type() == q.scalar_type())) type_error("flash3: out.dtype is ", dtype_str(out.scalar_type()), "; expected ", dtype_str(q.scalar_type()), " to match q.dtype");
+  std::vector<int64_t> want = q.sizes().vec();
+  want.back() = dv;
+  if (!(out.sizes() == at::IntArrayRef(want))) value_error("flash3: out has shape ", shape_str(out), "; expected ", c10::IntArrayRef(want), " (q's shape with head_dim_v)");
+  check_last_dim_contiguous(out, "out", "head_dim_v");
 }
 
 const int* int32_ptr(const std::optional<Tensor>& t) { return has(t) ? t->data_ptr<int32_t>() : nullptr; }
 
 // KV-cache forward: appends k / v (rotary applied) to k_cache / v_cache in place, then attention
-// of q over each sequence's cache rows. out (batch, seqlen_q, num_heads_q, head_dim_v) contiguous;
+// of q over each sequence's cache rows. out (batch, seqlen_q, num_heads_q, head_dim_v) or, with
+// cu_seqlens_q, (total_q, num_heads_q, head_dim_v): the caller's out= or a new contiguous tensor;
 // softmax_lse (batch, num_heads_q, seqlen_q) fp32, a permuted view of a contiguous
 // (num_heads_q, batch, seqlen_q) buffer (KVCacheArgs::lse's layout: batch stride seqlen_q, row
-// stride 1). Workspace (per-sequence maps, split partials, rotated q) from the caching allocator.
-std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
+// stride 1), or (num_heads_q, total_q). Workspace (per-sequence maps, split partials, rotated q)
+// from the caching allocator.
+std::tuple<Tensor, Tensor> fwd_kvcache_impl(
     const Tensor& q_in, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
     const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
     const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
     const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
     const std::optional<Tensor>& rotary_seqlens, std::optional<double> softmax_scale, bool causal,
     int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, int64_t num_splits,
-    int64_t pack_gqa) {
-  check_kvcache_inputs(q_in, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, page_table, rotary_seqlens);
+    int64_t pack_gqa, const std::optional<Tensor>& cu_seqlens_q, const std::optional<Tensor>& cu_seqlens_k_new,
+    std::optional<int64_t> max_seqlen_q, const std::optional<Tensor>& out_arg) {
+  const KVCacheLayout L =
+      check_kvcache_inputs(q_in, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, page_table, rotary_seqlens, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q);
   check_softmax_scale(softmax_scale);
   check_softcap(softcap);
   check_page_table_softcap(page_table, softcap);
   check_pack_gqa(pack_gqa);
   check_num_splits(num_splits);
+  if (has(out_arg)) check_out_arg(*out_arg, q_in, L.dv);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  // q is only read: a q whose (batch, seqlen_q) rows are not one stride apart (e.g. a slice along
-  // seqlen) is copied into that layout.
-  const Tensor q = rows_one_stride_apart(q_in) ? q_in : q_in.contiguous();
-  const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), dv = v_cache.size(3);
-  Tensor out = at::empty({b, sq, hq, dv}, q.options());
-  Tensor lse = at::empty({hq, b, sq}, q.options().dtype(at::kFloat)).permute({1, 0, 2});
+  // q is only read: a fixed-length q whose (batch, seqlen_q) rows are not one stride apart (e.g. a
+  // slice along seqlen) is copied into that layout.
+  const Tensor q = L.varlen_q || rows_one_stride_apart(q_in) ? q_in : q_in.contiguous();
+  Tensor out, lse;
+  if (L.varlen_q) {
+    out = has(out_arg) ? *out_arg : at::empty({q.size(0), L.hq, L.dv}, q.options());
+    lse = at::empty({L.hq, q.size(0)}, q.options().dtype(at::kFloat));
+  } else {
+    out = has(out_arg) ? *out_arg : at::empty({L.b, L.sq, L.hq, L.dv}, q.options());
+    lse = at::empty({L.hq, L.b, L.sq}, q.options().dtype(at::kFloat)).permute({1, 0, 2});
+  }
 
   flash3::KVCacheArgs args;
   args.q = view(q);
@@ -1057,6 +1158,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
   if (has(k)) {
     args.k_new = view(*k);
     args.v_new = view(*v);
+    args.cu_seqlens_k_new = int32_ptr(cu_seqlens_k_new);
   }
   if (has(rotary_cos)) {
     args.rotary_cos = view(*rotary_cos);
@@ -1066,13 +1168,14 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
   args.cache_seqlens = int32_ptr(cache_seqlens);
   args.cache_batch_idx = int32_ptr(cache_batch_idx);
   args.cache_leftpad = int32_ptr(cache_leftpad);
-  if (has(page_table)) {  // checked: int32, (batch, max_num_pages_per_seq), unit stride(1)
+  if (has(page_table)) {  // checked: int32, 2-d, unit stride(1)
     // batch 0: nothing to compute, and the empty table has no data pointer (a null one would
     // read as "no page table" and get the contiguous cache's checks).
-    if (b == 0) return {out, lse};
+    if (L.b == 0) return {out, lse};
     args.page_table = page_table->data_ptr<int32_t>();
     args.page_table_batch_stride = page_table->stride(0);
     args.page_table_max_pages = static_cast<int>(page_table->size(1));  // in [1, INT32_MAX]: checked
+    args.page_table_rows = static_cast<int>(page_table->size(0));        // likewise
   }
   // rotary_seqlens only matters with rotary tables; without them it is ignored, as in FlashAttention-3.
   args.rotary_seqlens = has(rotary_cos) ? int32_ptr(rotary_seqlens) : nullptr;
@@ -1081,6 +1184,11 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
   args.opts = make_opts(softmax_scale, causal, window_left, window_right, softcap, /*deterministic=*/false);
   args.opts.pack_gqa = static_cast<int>(pack_gqa);      // in [-1, 1]: checked
   args.opts.num_splits = static_cast<int>(num_splits);  // in [0, 256]: checked
+  if (L.varlen_q) {
+    args.opts.cu_seqlens_q = cu_seqlens_q->data_ptr<int32_t>();
+    args.opts.num_sequences = static_cast<int>(L.b);   // <= INT32_MAX: checked
+    args.opts.max_seqlen_q = static_cast<int>(L.sq);   // likewise
+  }
   // Sized from the shapes and options only (never from values on the device): CUDA-graph safe.
   const Workspace ws = caching_workspace(flash3::kvcache_workspace_size(args), q);
   args.workspace = ws.ptr;
@@ -1088,6 +1196,30 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
   throw_if_error(flash3::forward_kvcache(args, stream), "kvcache forward");
   return {out, lse};
+}
+
+// The two operators over fwd_kvcache_impl: fwd_kvcache returns a new out, fwd_kvcache_out writes
+// the caller's out (out=) and returns softmax_lse.
+#define FLASH3_KVCACHE_PARAMS                                                                                      \
+  const Tensor &q, const Tensor &k_cache, const Tensor &v_cache, const std::optional<Tensor>&k,                   \
+      const std::optional<Tensor>&v, const std::optional<Tensor>&rotary_cos,                                      \
+      const std::optional<Tensor>&rotary_sin, const std::optional<Tensor>&cache_seqlens,                           \
+      const std::optional<Tensor>&cache_batch_idx, const std::optional<Tensor>&cache_leftpad,                      \
+      const std::optional<Tensor>&page_table, const std::optional<Tensor>&rotary_seqlens,                          \
+      std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap, \
+      bool rotary_interleaved, int64_t num_splits, int64_t pack_gqa, const std::optional<Tensor>&cu_seqlens_q,     \
+      const std::optional<Tensor>&cu_seqlens_k_new, std::optional<int64_t> max_seqlen_q
+#define FLASH3_KVCACHE_ARGS                                                                                        \
+  q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,  \
+      rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved, num_splits,   \
+      pack_gqa, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q
+
+std::tuple<Tensor, Tensor> fwd_kvcache_cuda(FLASH3_KVCACHE_PARAMS) {
+  return fwd_kvcache_impl(FLASH3_KVCACHE_ARGS, std::nullopt);
+}
+
+Tensor fwd_kvcache_out_cuda(FLASH3_KVCACHE_PARAMS, const Tensor& out) {
+  return std::get<1>(fwd_kvcache_impl(FLASH3_KVCACHE_ARGS, out));
 }
 
 // An int argument of forward_plan as the library's int (ValueError outside [lo, INT32_MAX]).
@@ -1154,17 +1286,16 @@ void combine_cpu(const Tensor& out_partial, const Tensor& lse_partial, const Ten
   runtime_error("flash3: unreachable");
 }
 
-std::tuple<Tensor, Tensor> fwd_kvcache_cpu(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
-    const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
-    const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
-    const std::optional<Tensor>& rotary_seqlens, std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t,
-    int64_t) {
+std::tuple<Tensor, Tensor> fwd_kvcache_cpu(FLASH3_KVCACHE_PARAMS) {
   check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, page_table, rotary_seqlens);  // raises for the first CPU tensor
+                       cache_leftpad, page_table, rotary_seqlens, cu_seqlens_q, cu_seqlens_k_new,
+                       max_seqlen_q);  // raises for the first CPU tensor
   runtime_error("flash3: unreachable");
   return {};
+}
+
+Tensor fwd_kvcache_out_cpu(FLASH3_KVCACHE_PARAMS, const Tensor&) {
+  return std::get<1>(fwd_kvcache_cpu(FLASH3_KVCACHE_ARGS));
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_bwd_cpu(
@@ -1379,32 +1510,47 @@ std::tuple<Tensor, Tensor> varlen_fwd_autograd(const Tensor& q, const Tensor& k,
 // fallback. The caches are written in place when k / v are given: their version counters are
 // bumped, as an in-place torch op would (so autograd notices if they were saved for some other
 // backward); inference tensors have no version counter and are left alone.
-std::tuple<Tensor, Tensor> fwd_kvcache_autograd(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::optional<Tensor>& k,
-    const std::optional<Tensor>& v, const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>& rotary_sin,
-    const std::optional<Tensor>& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
-    const std::optional<Tensor>& cache_leftpad, const std::optional<Tensor>& page_table,
-    const std::optional<Tensor>& rotary_seqlens, std::optional<double> softmax_scale, bool causal,
-    int64_t window_left, int64_t window_right, double softcap, bool rotary_interleaved, int64_t num_splits,
-    int64_t pack_gqa) {
+// The caches (appending) and out= are written in place: their version counters are bumped, as an
+// in-place torch op would; inference tensors have none and are left alone.
+void bump_written(const std::optional<Tensor>& k, const Tensor& k_cache, const Tensor& v_cache, const Tensor* out) {
+  std::vector<const Tensor*> written;
+  if (has(k)) written = {&k_cache, &v_cache};
+  if (out != nullptr) written.push_back(out);
+  for (const Tensor* c : written)
+    if (!c->is_inference()) torch::autograd::impl::bump_version(*c);
+}
+
+std::tuple<Tensor, Tensor> fwd_kvcache_autograd(FLASH3_KVCACHE_PARAMS) {
   using Opt = const std::optional<Tensor>&;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("flash3::fwd_kvcache", "")
                        .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, Opt, Opt, Opt,
                                                          Opt, Opt, Opt, Opt, Opt, Opt, std::optional<double>, bool,
-                                                         int64_t, int64_t, double, bool, int64_t, int64_t)>();
+                                                         int64_t, int64_t, double, bool, int64_t, int64_t, Opt, Opt,
+                                                         std::optional<int64_t>)>();
   std::tuple<Tensor, Tensor> r;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    r = op.call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                page_table, rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap,
-                rotary_interleaved, num_splits, pack_gqa);
+    r = op.call(FLASH3_KVCACHE_ARGS);
   }
-  if (has(k)) {
-    for (const Tensor* c : {&k_cache, &v_cache})
-      if (!c->is_inference()) torch::autograd::impl::bump_version(*c);
-  }
+  bump_written(k, k_cache, v_cache, nullptr);
   return r;
+}
+
+Tensor fwd_kvcache_out_autograd(FLASH3_KVCACHE_PARAMS, const Tensor& out) {
+  using Opt = const std::optional<Tensor>&;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("flash3::fwd_kvcache_out", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, Opt, Opt, Opt, Opt, Opt, Opt, Opt,
+                                     Opt, Opt, std::optional<double>, bool, int64_t, int64_t, double, bool, int64_t,
+                                     int64_t, Opt, Opt, std::optional<int64_t>, const Tensor&)>();
+  Tensor lse;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    lse = op.call(FLASH3_KVCACHE_ARGS, out);
+  }
+  bump_written(k, k_cache, v_cache, &out);
+  return lse;
 }
 
 // ---------------------------------------------------------------------------
@@ -1503,7 +1649,16 @@ TORCH_LIBRARY(flash3, m) {
       "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
       "Tensor? cache_leftpad=None, Tensor? page_table=None, Tensor? rotary_seqlens=None, float? softmax_scale=None, "
       "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
-      "int num_splits=0, int pack_gqa=-1) -> (Tensor out, Tensor softmax_lse)");
+      "int num_splits=0, int pack_gqa=-1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k_new=None, "
+      "int? max_seqlen_q=None) -> (Tensor out, Tensor softmax_lse)");
+  // fwd_kvcache writing the caller's out (flash_attn_with_kvcache's out=) in place.
+  m.def(
+      "fwd_kvcache_out(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+      "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, Tensor? cache_batch_idx=None, "
+      "Tensor? cache_leftpad=None, Tensor? page_table=None, Tensor? rotary_seqlens=None, float? softmax_scale=None, "
+      "bool causal=False, int window_left=-1, int window_right=-1, float softcap=0.0, bool rotary_interleaved=True, "
+      "int num_splits=0, int pack_gqa=-1, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k_new=None, "
+      "int? max_seqlen_q=None, *, Tensor(c!) out) -> Tensor softmax_lse");
   // No tensor arguments: one kernel for every dispatch key (CompositeImplicitAutograd).
   m.def(
       "forward_plan(ScalarType dtype, int batch, int max_seqlen_q, int max_seqlen_k, int heads_q, int heads_kv, "
@@ -1521,6 +1676,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("varlen_bwd", &varlen_bwd_cuda);
   m.impl("combine", &combine_cuda);
   m.impl("fwd_kvcache", &fwd_kvcache_cuda);
+  m.impl("fwd_kvcache_out", &fwd_kvcache_out_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
@@ -1531,12 +1687,14 @@ TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("varlen_bwd", &varlen_bwd_cpu);
   m.impl("combine", &combine_cpu);
   m.impl("fwd_kvcache", &fwd_kvcache_cpu);
+  m.impl("fwd_kvcache_out", &fwd_kvcache_out_cpu);
 }
 
 TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
   m.impl("varlen_fwd", &varlen_fwd_autograd);
   m.impl("fwd_kvcache", &fwd_kvcache_autograd);
+  m.impl("fwd_kvcache_out", &fwd_kvcache_out_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
@@ -1544,6 +1702,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
       "flash3 PyTorch binding (registers torch.ops.flash3.fwd / bwd / varlen_fwd / varlen_bwd / combine / "
       "fwd_kvcache / forward_plan)";
   mod.def("version", [] { return std::string(flash3::version()); });
+  mod.def("serving_wip", [] { return flash3::serving_wip_built(); },
+          "whether libflash3 was built with FLASH3_SERVING_WIP (the serving work not yet run on a GPU)");
   mod.def("forward_is_built", &py_forward_is_built, "whether a forward kernel for (dtype, head_dim, head_dim_v) is built");
   mod.def("backward_is_built", &py_backward_is_built, "whether a backward kernel for (dtype, head_dim, head_dim_v) is built");
   mod.def("device_is_supported", &py_device_is_supported, "(ok, reason): whether the current CUDA device is a Hopper GPU");

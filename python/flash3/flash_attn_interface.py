@@ -45,6 +45,7 @@ Python entry points ``flash_attn_func``, ``flash_attn_varlen_func``, ``flash_att
 ``flash_attn_with_kvcache`` and ``get_scheduler_metadata``.
 """
 import math
+import operator
 import struct
 from typing import Optional, Tuple, Union
 
@@ -61,12 +62,14 @@ _varlen_fwd = torch.ops.flash3.varlen_fwd.default
 _varlen_bwd = torch.ops.flash3.varlen_bwd.default
 _combine = torch.ops.flash3.combine.default
 _fwd_kvcache = torch.ops.flash3.fwd_kvcache.default
+_fwd_kvcache_out = torch.ops.flash3.fwd_kvcache_out.default
 _fwd_fp8 = torch.ops.flash3.fwd_fp8.default
 _quantize_fp8 = torch.ops.flash3.quantize_fp8.default
 _forward_plan = torch.ops.flash3.forward_plan.default
 
 _INT32_MAX = 2 ** 31 - 1
 FP8_SCALE_BLOCK = 128  # tokens per FP8 block scale (flash3::kFp8ScaleBlock)
+_MAX_COMBINE_HEAD_DIM = 512  # flash3::kMaxCombineHeadDim (FlashAttention-3's MLA value dim)
 
 _FWD_LAYOUTS = {
     "q": "(batch, seqlen_q, num_heads_q, head_dim)",
@@ -165,9 +168,26 @@ def _check_forward_inputs(q, k, v, fp8=False):
                          f"(num_heads_kv) {k.shape[2]}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
     d, dv = q.shape[3], v.shape[3]
     if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
-        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v.shape[-1] "
-                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
-                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
+        _raise_not_built(q.dtype, d, dv, "v")
+
+
+def _raise_not_built(dtype, d, dv, v_name):
+    """The error for a (dtype, head_dim, head_dim_v) without a forward kernel (the binding's
+    check_head_dim, same messages): NotImplementedError naming the dtype when the build has no
+    kernels of that dtype at all (CMake FLASH3_DTYPES), else ValueError naming the head dims."""
+    built = _built_list(dtype)
+    if built == "none":
+        raise NotImplementedError(f"flash3: q.dtype is {_dtype_str(dtype)}, and this flash3 build has no "
+                                  f"{_dtype_str(dtype)} kernels (CMake FLASH3_DTYPES); built dtypes: "
+                                  f"{_built_dtypes()}")
+    raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and {v_name}.shape[-1] "
+                     f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(dtype)} kernels for "
+                     f"(head_dim, head_dim_v) in {built}")
+
+
+def _built_dtypes():
+    names = [_dtype_str(dt) for dt in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) if _built_list(dt) != "none"]
+    return ", ".join(names) or "none"
 
 
 def _check_int32_on_q_device(t, name, q, what):
@@ -225,9 +245,7 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused
                          f"(num_heads_kv) {k.shape[1]}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
     d, dv = q.shape[2], v.shape[2]
     if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
-        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v.shape[-1] "
-                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
-                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
+        _raise_not_built(q.dtype, d, dv, "v")
     _check_int32_vector(cu_seqlens_q, "cu_seqlens_q", q, _CU_SEQLENS_Q)
     _check_int32_vector(cu_seqlens_k, "cu_seqlens_k", q, _CU_SEQLENS_K)
     if cu_seqlens_q.numel() < 1:
@@ -249,9 +267,11 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused
             raise ValueError(f"flash3: {name} has {t.numel()} entries; expected {num_sequences} "
                              "(num_sequences = cu_seqlens_q.numel() - 1)")
     for name, m, what in (("max_seqlen_q", max_seqlen_q, "query"), ("max_seqlen_k", max_seqlen_k, "key")):
-        if not 1 <= m <= _INT32_MAX:
-            raise ValueError(f"flash3: {name} is {m}; expected a value in [1, 2147483647] (the length of the longest "
-                             f"{what} sequence)")
+        if not _is_int(m):
+            raise TypeError(f"flash3: {name} is {m!r} ({type(m).__name__}); expected an int")
+        if not 0 <= m <= _INT32_MAX:
+            raise ValueError(f"flash3: {name} is {m}; expected a value in [0, 2147483647] (the length of the longest "
+                             f"{what} sequence; 0: every sequence empty)")
 
 
 def _check_varlen_backward_tensors(dout, q, v, out, softmax_lse, dlse):
@@ -309,19 +329,43 @@ def _shape_str(shape):
     return str(tuple(shape))
 
 
+_FLT_MIN = 2.0 ** -126  # fp32's smallest normal
+_KERNEL_FLOAT_MAX = (2.0 - 2.0 ** -23) * 2.0 ** 126  # FLT_MAX / 2: times log2(e) stays finite
+_KERNEL_FLOAT_WHY = (" (fp32's normal range, [1.17549435e-38, 1.70141173e+38]: the kernels flush subnormal floats "
+                     "to 0 and multiply the value by log2(e))")
+
+
+def _as_float32(x, name):
+    """x as the binding's static_cast<float> sees it (inf beyond the float32 range); a TypeError
+    naming the argument for what float() cannot take."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        try:
+            x = float(x)
+        except (TypeError, ValueError):
+            raise TypeError(f"flash3: {name} is {x!r} ({type(x).__name__}); expected a number") from None
+    s = float(x)
+    try:
+        return s, struct.unpack("f", struct.pack("f", s))[0]
+    except OverflowError:  # a finite double beyond the float32 range
+        return s, math.inf
+
+
+def _kernel_float_ok(f):
+    return f == 0.0 or _FLT_MIN <= f <= _KERNEL_FLOAT_MAX
+
+
 def _check_softmax_scale(softmax_scale):
-    """The binding's check: the float32 value of the scale must be finite and >= 0."""
+    """The binding's check: the float32 value of the scale must be finite and >= 0, and 0 or a normal float."""
     if softmax_scale is None:
         return
-    s = float(softmax_scale)
-    try:
-        f = struct.unpack("f", struct.pack("f", s))[0]  # the binding's static_cast<float>
-    except OverflowError:  # a finite double beyond the float32 range
-        f = math.inf
+    s, f = _as_float32(softmax_scale, "softmax_scale")
     if not (f >= 0.0 and math.isfinite(f)):
         raise ValueError(f"flash3: softmax_scale is {s:.9g}; expected None (1/sqrt(head_dim)) or a finite number "
                          ">= 0 (as float32): the online softmax tracks the row maximum of the unscaled scores, "
                          "which a negative scale would turn into the row minimum")
+    if not _kernel_float_ok(f):
+        raise ValueError(f"flash3: softmax_scale is {s:.9g}; expected 0 or a value in fp32's normal range"
+                         + _KERNEL_FLOAT_WHY)
 
 
 def _check_softcap(softcap):
@@ -329,14 +373,13 @@ def _check_softcap(softcap):
     Python before anything is allocated (flash_attn_func, flash_attn_varlen_func: so a double
     beyond the float32 range never reaches the binding's cast) or traced (the fake
     implementations, which torch.compile runs instead). Returns softcap as a Python float."""
-    s = float(softcap)
-    try:
-        f = struct.unpack("f", struct.pack("f", s))[0]  # the binding's static_cast<float>
-    except OverflowError:  # a finite double beyond the float32 range
-        f = math.inf
+    s, f = _as_float32(softcap, "softcap")
     if not (f >= 0.0 and math.isfinite(f)):
         raise ValueError(f"flash3: softcap is {s:.9g}; expected a finite number >= 0 (as float32): 0 disables "
                          "the capping, a value > 0 caps the scaled scores s -> softcap * tanh(s / softcap)")
+    if not _kernel_float_ok(f):
+        raise ValueError(f"flash3: softcap is {s:.9g}; expected 0 (off) or a value in fp32's normal range"
+                         + _KERNEL_FLOAT_WHY)
     return s
 
 
@@ -513,8 +556,8 @@ def _check_combine_inputs(out_partial, lse_partial, out, softmax_lse):
     ns, b, s, h, d = out_partial.shape
     if not 1 <= ns <= 256:
         raise ValueError(f"flash3: out_partial.shape[0] (num_splits) is {ns}; expected 1 to 256")
-    if not 1 <= d <= 256:
-        raise ValueError(f"flash3: out_partial.shape[4] (head_dim) is {d}; expected 1 to 256")
+    if not 1 <= d <= _MAX_COMBINE_HEAD_DIM:
+        raise ValueError(f"flash3: out_partial.shape[4] (head_dim) is {d}; expected 1 to {_MAX_COMBINE_HEAD_DIM}")
     for name, t, want, layout in (("lse_partial", lse_partial, (ns, b, s, h), "(num_splits, batch, seqlen, num_heads)"),
                                   ("out", out, (b, s, h, d), "(batch, seqlen, num_heads, head_dim)"),
                                   ("softmax_lse", softmax_lse, (b, s, h), "(batch, seqlen, num_heads)")):
@@ -542,239 +585,43 @@ _KVCACHE_LAYOUTS = {
 }
 
 
-def _check_cuda_same_device(named, q):
-    """Each (name, tensor) a torch.Tensor on CUDA, then each on q's device (the C++
-    check_cuda_on_device_of)."""
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flash3: {name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in named:
-        if t.device.type != "cuda":
-            raise ValueError(f"flash3: {name} must be a CUDA tensor, but {name} is on device '{t.device}' "
-                             f"(move it with {name}.cuda())")
-    for name, t in named:
-        if t.device != q.device:
-            raise ValueError(f"flash3: {name} is on device '{t.device}' but q is on device '{q.device}'; "
-                             "expected all tensors on the same CUDA device")
-
-
-def _check_same_dtype(named, q):
-    for name, t in named:
-        if t.dtype != q.dtype:
-            raise TypeError(f"flash3: {name}.dtype is {_dtype_str(t.dtype)}; expected {_dtype_str(q.dtype)} "
-                            "to match q.dtype")
-
-
-def _check_4d_last_dim(named):
-    """4-d tensors of the KV-cache layouts with a contiguous last dimension."""
-    for name, t, _ in named:
-        if t.dim() != 4:
-            raise ValueError(f"flash3: {name} has {t.dim()} dimensions (shape {_shape_str(t.shape)}); expected a "
-                             f"4-d tensor {_KVCACHE_LAYOUTS[name]}")
-    for name, t, dim in named:
-        if t.stride(-1) != 1:
-            raise ValueError(f"flash3: {name}.stride(-1) ({dim}) is {t.stride(-1)}; expected 1: the {dim} dimension "
-                             f"must be contiguous (use {name}.contiguous())")
-
-
-def _check_shapes_match(checks):
-    """(what, got, want, ref, (name1, t1), (name2, t2)): got == want, else the C++ message."""
-    for what, got, want, ref, (n1, t1), (n2, t2) in checks:
-        if got != want:
-            raise ValueError(f"flash3: {what} is {got}; expected {want} to match {ref} ({n1} {_shape_str(t1.shape)}, "
-                             f"{n2} {_shape_str(t2.shape)})")
-
-
-def _rows_one_stride_apart(t):
-    return t.shape[0] <= 1 or t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
-
-
-def _check_page_table(t, q, k_cache, cache_batch_idx, cache_leftpad):
-    """The C++ check_page_table: a (batch, max_num_pages_per_seq) torch.int32 tensor on q's device,
-    rows contiguous and not overlapping; page_size >= 1; not with cache_batch_idx / cache_leftpad.
-    Its values (page indices) are never read here."""
-    _check_int32_on_q_device(t, "page_table", q, "the page indices of each sequence")
-    if t.dim() != 2:
-        raise ValueError(f"flash3: page_table has {t.dim()} dimensions (shape {_shape_str(t.shape)}); expected a 2-d "
-                         f"tensor {_KVCACHE_LAYOUTS['page_table']} of int32 page indices")
-    if t.shape[0] != q.shape[0]:
-        raise ValueError(f"flash3: page_table.shape[0] is {t.shape[0]} (page_table {_shape_str(t.shape)}); expected "
-                         f"{q.shape[0]} (one row per sequence: q.shape[0], batch)")
-    if not 1 <= t.shape[1] <= _INT32_MAX:
-        raise ValueError(f"flash3: page_table.shape[1] (max_num_pages_per_seq) is {t.shape[1]}; expected a value in "
-                         "[1, 2147483647]")
-    if t.shape[1] != 1 and t.stride(1) != 1:
-        raise ValueError(f"flash3: page_table.stride(1) is {t.stride(1)}; expected 1: each sequence's page indices "
-                         "must be contiguous (use page_table.contiguous())")
-    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
-        raise ValueError(f"flash3: page_table.stride(0) is {t.stride(0)}; expected at least page_table.shape[1] "
-                         f"(max_num_pages_per_seq) = {t.shape[1]}: the rows of page_table must not overlap (use "
-                         "page_table.contiguous())")
-    if k_cache.shape[1] < 1:
-        raise ValueError(f"flash3: k_cache.shape[1] (page_size) is {k_cache.shape[1]}; expected >= 1 with page_table "
-                         "(k_cache is a (num_pages, page_size, num_heads_kv, head_dim) page pool)")
-    if cache_batch_idx is not None:
-        raise NotImplementedError("flash3: page_table (paged KV cache) together with cache_batch_idx is not "
-                                  "supported: a paged cache reaches each sequence's rows through its row of "
-                                  "page_table (pass cache_batch_idx=None)")
-    if cache_leftpad is not None:
-        raise NotImplementedError("flash3: page_table (paged KV cache) together with cache_leftpad is not supported: "
-                                  "the sequences of a paged cache start at row 0 (pass cache_leftpad=None)")
-
-
-def _check_page_table_softcap(page_table, softcap):
-    """The C++ check_page_table_softcap (softcap as the library's float)."""
-    if page_table is None:
-        return
-    s = float(softcap)
-    try:
-        f = struct.unpack("f", struct.pack("f", s))[0]
-    except OverflowError:  # out of range: _check_softcap, which runs first, has raised already
-        f = math.inf
-    if f != 0.0:
-        raise NotImplementedError(f"flash3: page_table (paged KV cache) with softcap {s:.9g} is not supported yet; "
-                                  "pass softcap=0.0, or a contiguous cache")
-
-
-def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, page_table, rotary_seqlens):
-    """The checks of fwd_kvcache (csrc/flash3_torch.cpp, check_kvcache_inputs), in the same order."""
-    _check_cuda_same_device((("q", q),), q)
-    _check_cuda_same_device((("k_cache", k_cache), ("v_cache", v_cache)), q)
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"flash3: q.dtype is {_dtype_str(q.dtype)}; expected torch.float16 or torch.bfloat16")
-    _check_same_dtype((("k_cache", k_cache), ("v_cache", v_cache)), q)
-    _check_4d_last_dim((("q", q, "head_dim"), ("k_cache", k_cache, "head_dim"), ("v_cache", v_cache, "head_dim_v")))
-    kc, vc = ("k_cache", k_cache), ("v_cache", v_cache)
-    _check_shapes_match((
-        ("v_cache.shape[0] (batch_cache)", v_cache.shape[0], k_cache.shape[0], "k_cache.shape[0]", kc, vc),
-        ("v_cache.shape[1] (seqlen_cache)", v_cache.shape[1], k_cache.shape[1], "k_cache.shape[1]", kc, vc),
-        ("v_cache.shape[2] (num_heads_kv)", v_cache.shape[2], k_cache.shape[2], "k_cache.shape[2]", kc, vc),
-        ("k_cache.shape[3] (head_dim)", k_cache.shape[3], q.shape[3], "q.shape[3]", ("q", q), kc),
-    ))
-    hq, hkv = q.shape[2], k_cache.shape[2]
-    if hkv < 1 or hq % hkv != 0:
-        raise ValueError(f"flash3: q.shape[2] (num_heads_q) is {hq}, which is not a multiple of k_cache.shape[2] "
-                         f"(num_heads_kv) {hkv}; expected num_heads_q % num_heads_kv == 0 (GQA/MQA)")
-    d, dv = q.shape[3], v_cache.shape[3]
-    if isinstance(d, int) and isinstance(dv, int) and not _C.forward_is_built(q.dtype, d, dv):
-        raise ValueError(f"flash3: unsupported head dim: q.shape[-1] (head_dim) is {d} and v_cache.shape[-1] "
-                         f"(head_dim_v) is {dv}; this flash3 build has {_dtype_str(q.dtype)} kernels for "
-                         f"(head_dim, head_dim_v) in {_built_list(q.dtype)}")
-    # A page table: k_cache / v_cache are page pools (num_pages, page_size, ...); a sequence holds
-    # max_num_pages_per_seq * page_size rows.
-    paged = page_table is not None
-    if paged:
-        _check_page_table(page_table, q, k_cache, cache_batch_idx, cache_leftpad)
-        capacity = page_table.shape[1] * k_cache.shape[1]
-        capacity_what = "page_table.shape[1] * k_cache.shape[1] (max_num_pages_per_seq * page_size)"
-    else:
-        capacity, capacity_what = k_cache.shape[1], "k_cache.shape[1] (seqlen_cache)"
-    if not paged and cache_batch_idx is None and k_cache.shape[0] < q.shape[0]:
-        raise ValueError(f"flash3: k_cache.shape[0] (batch_cache) is {k_cache.shape[0]}, less than q.shape[0] (batch) "
-                         f"{q.shape[0]}; expected batch_cache >= batch without cache_batch_idx (sequence b uses cache "
-                         "entry b)")
-    for name, c in (kc, vc):
-        if not _rows_one_stride_apart(c) and paged:
-            raise ValueError(f"flash3: {name}.stride(0) (num_pages) is {c.stride(0)}; expected "
-                             f"{c.shape[1] * c.stride(1)} = {name}.shape[1] * {name}.stride(1) (page_size * row "
-                             "stride): the rows of all pages must be one stride apart (e.g. a contiguous page pool, "
-                             "or one sliced along the heads)")
-        if not _rows_one_stride_apart(c):
-            raise ValueError(f"flash3: {name}.stride(0) (batch_cache) is {c.stride(0)}; expected "
-                             f"{c.shape[1] * c.stride(1)} = {name}.shape[1] * {name}.stride(1) (seqlen_cache * row "
-                             "stride): the rows of all cache entries must be one stride apart (e.g. a contiguous "
-                             "cache, or one sliced along the heads, not along seqlen_cache)")
-    if (k is None) != (v is None):
-        raise ValueError(f"flash3: k and v (the new rows) must be given together, but {'v' if k is not None else 'k'} "
-                         "is None")
-    if k is not None:
-        _check_cuda_same_device((("k", k), ("v", v)), q)
-        _check_same_dtype((("k", k), ("v", v)), q)
-        _check_4d_last_dim((("k", k, "head_dim"), ("v", v, "head_dim_v")))
-        _check_shapes_match((
-            ("k.shape[0] (batch)", k.shape[0], q.shape[0], "q.shape[0]", ("q", q), ("k", k)),
-            ("v.shape[0] (batch)", v.shape[0], q.shape[0], "q.shape[0]", ("q", q), ("v", v)),
-            ("v.shape[1] (seqlen_new)", v.shape[1], k.shape[1], "k.shape[1]", ("k", k), ("v", v)),
-            ("k.shape[2] (num_heads_kv)", k.shape[2], k_cache.shape[2], "k_cache.shape[2]", ("k", k), kc),
-            ("v.shape[2] (num_heads_kv)", v.shape[2], k_cache.shape[2], "k_cache.shape[2]", ("v", v), kc),
-            ("k.shape[3] (head_dim)", k.shape[3], k_cache.shape[3], "k_cache.shape[3]", ("k", k), kc),
-            ("v.shape[3] (head_dim_v)", v.shape[3], v_cache.shape[3], "v_cache.shape[3]", ("v", v), vc),
-        ))
-        if k.shape[1] > capacity:
-            raise ValueError(f"flash3: k.shape[1] (seqlen_new) is {k.shape[1]}; expected at most {capacity_what} = "
-                             f"{capacity}: the cache is too small for the new rows")
-        if cache_seqlens is None:
-            raise ValueError("flash3: k / v (new rows) need cache_seqlens: the new rows of sequence b are written at "
-                             "rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new) of its cache entry (pass "
-                             "cache_seqlens: an int or a (batch,) torch.int32 tensor)")
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("flash3: rotary_cos and rotary_sin must be given together, but "
-                         f"{'rotary_sin' if rotary_cos is not None else 'rotary_cos'} is None")
-    if rotary_cos is not None:
-        if k is None:
-            raise ValueError("flash3: rotary_cos / rotary_sin need k and v: the rotary embedding is applied to the "
-                             "new keys (and to q) as they are appended; pass k and v, or no rotary tables")
-        _check_rotary_tables(q, capacity, capacity_what, rotary_cos, rotary_sin)
-    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
-                    ("cache_leftpad", cache_leftpad), ("rotary_seqlens", rotary_seqlens)):
-        if t is None:
-            continue
-        _check_int32_vector(t, name, q, _PER_SEQUENCE)
-        if t.numel() != q.shape[0]:
-            raise ValueError(f"flash3: {name} has {t.numel()} entries (shape {_shape_str(t.shape)}); expected "
-                             f"{q.shape[0]} (one per sequence: q.shape[0], batch)")
-
-
-_PER_SEQUENCE = "one entry per sequence"
-
-
-def _check_rotary_tables(q, capacity, capacity_what, cos, sin):
-    """The C++ check_rotary_tables: (seqlen_ro, rotary_dim / 2) each, q's device and dtype,
-    rotary_dim <= head_dim, seqlen_ro >= the capacity (seqlen_cache, or max_num_pages_per_seq *
-    page_size with a page table), unit stride in the last dimension."""
-    _check_cuda_same_device((("rotary_cos", cos), ("rotary_sin", sin)), q)
-    _check_same_dtype((("rotary_cos", cos), ("rotary_sin", sin)), q)
-    if cos.dim() != 2:
-        raise ValueError(f"flash3: rotary_cos has {cos.dim()} dimensions (shape {_shape_str(cos.shape)}); expected a "
-                         "2-d tensor (seqlen_ro, rotary_dim / 2)")
-    if tuple(sin.shape) != tuple(cos.shape):
-        raise ValueError(f"flash3: rotary_sin has shape {_shape_str(sin.shape)}; expected {_shape_str(cos.shape)} to "
-                         "match rotary_cos (seqlen_ro, rotary_dim / 2)")
-    d = q.shape[3]
-    if not (cos.shape[1] >= 1 and 2 * cos.shape[1] <= d):
-        raise ValueError(f"flash3: rotary_cos.shape[1] (rotary_dim / 2) is {cos.shape[1]}; expected 1 to {d // 2} "
-                         f"(rotary_dim = 2 * rotary_cos.shape[1] must be in [2, head_dim], head_dim = q.shape[3] = "
-                         f"{d})")
-    if cos.shape[0] < capacity:
-        raise ValueError(f"flash3: rotary_cos.shape[0] (seqlen_ro) is {cos.shape[0]}; expected at least "
-                         f"{capacity_what} = {capacity} (one row per cache position)")
-    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"flash3: {name}.stride(-1) (rotary_dim / 2) is {t.stride(-1)}; expected 1: the "
-                             f"rotary_dim / 2 dimension must be contiguous (use {name}.contiguous())")
+def _kvcache_fake_outputs(q, v_cache, cu_seqlens_q):
+    """fwd_kvcache's outputs (the C++ op checks every argument when it runs): out follows q's rows
+    and heads with v_cache's head dim; softmax_lse is (num_heads_q, total_q) with cu_seqlens_q,
+    else a (batch, num_heads_q, seqlen_q) view of a contiguous (num_heads_q, batch, seqlen_q)
+    tensor."""
+    dv, hq = v_cache.shape[3], q.shape[-2]
+    if cu_seqlens_q is not None:
+        return q.new_empty((q.shape[0], hq, dv)), q.new_empty((hq, q.shape[0]), dtype=torch.float32)
+    b, sq = q.shape[0], q.shape[1]
+    return q.new_empty((b, sq, hq, dv)), q.new_empty((hq, b, sq), dtype=torch.float32).permute(1, 0, 2)
 
 
 @torch.library.register_fake("flash3::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                       cache_batch_idx=None, cache_leftpad=None, page_table=None, rotary_seqlens=None,
                       softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                      rotary_interleaved=True, num_splits=0, pack_gqa=-1):
-    # page_table changes nothing in the output shapes (out follows q and v_cache's head dim).
-    _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, page_table, rotary_seqlens)
+                      rotary_interleaved=True, num_splits=0, pack_gqa=-1, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                      max_seqlen_q=None):
+    _check_scalar_options(softmax_scale, softcap, pack_gqa, num_splits)
+    return _kvcache_fake_outputs(q, v_cache, cu_seqlens_q)
+
+
+@torch.library.register_fake("flash3::fwd_kvcache_out")
+def _fwd_kvcache_out_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                          cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                          rotary_seqlens=None, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
+                          softcap=0.0, rotary_interleaved=True, num_splits=0, pack_gqa=-1, cu_seqlens_q=None,
+                          cu_seqlens_k_new=None, max_seqlen_q=None, *, out):
+    _check_scalar_options(softmax_scale, softcap, pack_gqa, num_splits)
+    return _kvcache_fake_outputs(q, v_cache, cu_seqlens_q)[1]
+
+
+def _check_scalar_options(softmax_scale, softcap, pack_gqa, num_splits):
     _check_softmax_scale(softmax_scale)
     _check_softcap(softcap)
-    _check_page_table_softcap(page_table, softcap)
     _check_pack_gqa(pack_gqa)
     _check_num_splits(num_splits)
-    b, sq, hq, _ = q.shape
-    dv = v_cache.shape[3]
-    out = q.new_empty((b, sq, hq, dv))
-    # The real op's layout: a (batch, num_heads_q, seqlen_q) view of a contiguous (num_heads_q,
-    # batch, seqlen_q) tensor.
-    lse = q.new_empty((hq, b, sq), dtype=torch.float32).permute(1, 0, 2)
-    return out, lse
 
 
 # ---------------------------------------------------------------------------
@@ -793,10 +640,20 @@ def _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
 
 
 def _window_sides(window_size):
-    """window_size into the operators' int64 range (Python ints are unbounded); the binding maps
-    the values to the library's int32 window the same way (negative -> -1, above INT32_MAX ->
-    INT32_MAX)."""
-    window_left, window_right = window_size
+    """window_size (a pair of ints, FlashAttention-3's (left, right)) into the operators' int64
+    range (Python ints are unbounded); the binding maps the values to the library's int32 window
+    the same way (negative -> -1, above INT32_MAX -> INT32_MAX). Anything else is a TypeError
+    naming window_size: floats (NaN included), strings, None, a sequence of another length."""
+    try:
+        window_left, window_right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"flash3: window_size is {window_size!r}; expected a pair of ints (left, right), "
+                        "-1 for an unbounded side") from None
+    for side, w in (("left", window_left), ("right", window_right)):
+        if isinstance(w, bool) or not _is_int(w):
+            raise TypeError(f"flash3: window_size is {window_size!r}: its {side} side is {w!r} "
+                            f"({type(w).__name__}); expected an int (-1: unbounded)")
+    window_left, window_right = int(window_left), int(window_right)
     if not -1 <= window_left <= _INT32_MAX:
         window_left = -1 if window_left < 0 else _INT32_MAX
     if not -1 <= window_right <= _INT32_MAX:
@@ -824,6 +681,7 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,
+    out: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Scaled dot-product attention, FlashAttention-3 interface (positional order included).
 
@@ -921,16 +779,24 @@ def flash_attn_func(
     """
     if isinstance(q, torch.Tensor) and q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
-                               attention_chunk, softcap, return_attn_probs or return_lse)
+                               attention_chunk, softcap, num_splits, pack_gqa, deterministic, sm_margin,
+                               return_attn_probs or return_lse)
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_sm_margin(sm_margin)
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
-    out, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                    _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
+    result, lse = _fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                       _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
+    if out is not None:  # the caller's buffer gets a copy; with autograd the result carries the gradient
+        _check_out(out, result, "(batch, seqlen_q, num_heads_q, head_dim_v)")
+        with torch.no_grad():
+            out.copy_(result)
+        if not result.requires_grad:
+            result = out
     if return_attn_probs or return_lse:
-        return out, lse
-    return out
+        return result, lse
+    return result
 
 
 def flash_attn_qkvpacked_func(
@@ -997,17 +863,66 @@ def flash_attn_qkvpacked_func(
                            return_lse=return_lse)
 
 
+class _Fp8NoBackward(torch.autograd.Function):
+    """FP8 outputs for inputs that require grad (FlashAttention-3's behaviour): the forward
+    runs, and only a backward that actually reaches the inputs raises."""
+
+    @staticmethod
+    def forward(ctx, out, lse, q, k, v):
+        ctx.mark_non_differentiable(lse)
+        return out.detach(), lse.detach()
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        raise RuntimeError("flash3: FP8 attention is forward-only: there is no backward for torch.float8_e4m3fn "
+                           "q / k / v (FlashAttention-3 has none either); run the bf16 / fp16 path for training")
+
+
+def _check_out(out, like, layout):
+    """out= of flash_attn_func / flash_attn_varlen_func: a tensor of the result's shape, dtype and
+    device, sharing no memory with the inputs' result (the copy would read what it writes)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"flash3: out is a {type(out).__name__}; expected a torch.Tensor {layout}")
+    if out.device != like.device:
+        raise ValueError(f"flash3: out is on device '{out.device}'; expected '{like.device}' (q's)")
+    if out.dtype != like.dtype:
+        raise TypeError(f"flash3: out.dtype is {_dtype_str(out.dtype)}; expected {_dtype_str(like.dtype)} (q's)")
+    if tuple(out.shape) != tuple(like.shape):
+        raise ValueError(f"flash3: out has shape {_shape_str(out.shape)}; expected {_shape_str(like.shape)} {layout}")
+
+
+def _check_sm_margin(sm_margin):
+    if not _is_int(sm_margin):
+        raise TypeError(f"flash3: sm_margin is {sm_margin!r} ({type(sm_margin).__name__}); expected an int")
+    if sm_margin < 0:
+        raise ValueError(f"flash3: sm_margin is {sm_margin}; expected >= 0 (SMs to leave free; flash3 uses every SM)")
+
+
 def _flash_attn_fp8(q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
-                    attention_chunk, softcap, return_lse):
-    """flash_attn_func's FP8 path (torch.ops.flash3.fwd_fp8): forward only, out torch.bfloat16."""
+                    attention_chunk, softcap, num_splits, pack_gqa, deterministic, sm_margin, return_lse):
+    """flash_attn_func's FP8 path (torch.ops.flash3.fwd_fp8): forward only, out torch.bfloat16.
+    Every argument is checked as on the 16-bit path; num_splits, pack_gqa and deterministic only
+    change the speed there and are accepted here (the FP8 kernels run unsplit and unpacked)."""
     _check_not_implemented(qv, None, None, None, attention_chunk)
+    softcap = _check_softcap(softcap)
     if softcap != 0.0:
         raise NotImplementedError(f"flash3: softcap={softcap} with FP8 inputs is not supported yet; pass 0.0")
-    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        raise RuntimeError("flash3: FP8 attention is forward-only (no backward), but an input requires grad; "
-                           "detach q / k / v or run the bf16 / fp16 path for training")
+    _check_num_splits(num_splits)
+    _pack_gqa_arg(pack_gqa)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"flash3: deterministic is {deterministic!r} ({type(deterministic).__name__}); "
+                        "expected a bool")
+    _check_sm_margin(sm_margin)
     window_left, window_right = _window_sides(window_size)
-    out, lse = _fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if needs_grad:
+        with torch.no_grad():
+            out, lse = _fwd_fp8(q.detach(), k.detach(), v.detach(), q_descale, k_descale, v_descale, softmax_scale,
+                                causal, window_left, window_right)
+        out, lse = _Fp8NoBackward.apply(out, lse, q, k, v)
+    else:
+        out, lse = _fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
+                            window_right)
     if return_lse:
         return out, lse
     return out
@@ -1067,9 +982,23 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     *,
     return_lse: bool = False,
+    page_table: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention over a batch of sequences of different lengths, concatenated along dim 0
     (FlashAttention-3 interface, positional order included), differentiable in q, k, v.
+
+    Serving form (the call vLLM makes): with page_table (block_table is accepted as its alias),
+    k / v are paged KV caches (num_pages, page_size, num_heads_kv, head_dim[_v]), cu_seqlens_k is
+    None and sequence b attends to its first seqused_k[b] cache rows (all of its pages' rows
+    without seqused_k). That call is flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k,
+    page_table=..., cu_seqlens_q=..., max_seqlen_q=...) without new rows: forward only (the
+    outputs never require grad), seqused_q unsupported.
+
+    out= (keyword): the caller's output (total_q, num_heads_q, head_dim_v) in q's dtype, written
+    in place and returned (the serving form writes it directly; the differentiable form copies
+    into it, and then out does not carry the gradient: use the returned tensor for that).
 
     Arguments:
         q: (total_q, num_heads_q, head_dim), torch.float16 or torch.bfloat16, on a Hopper GPU.
@@ -1079,7 +1008,8 @@ def flash_attn_varlen_func(
         cu_seqlens_q: (num_sequences + 1,) torch.int32 on q's device, contiguous: the prefix sums
             of the query lengths; sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]].
         cu_seqlens_k: (num_sequences + 1,) torch.int32, the same for k and v.
-        max_seqlen_q, max_seqlen_k: the longest query / key sequence, in [1, 2**31 - 1]. Used to
+        max_seqlen_q, max_seqlen_k: the longest query / key sequence, in [0, 2**31 - 1] (0: every
+            sequence empty, FlashAttention-3's empty batch). Used to
             normalise the window (a side >= max_seqlen - 1 cuts nothing); a value below a real
             length is not detected (see below).
         seqused_q, seqused_k: optional (num_sequences,) torch.int32 on q's device: only the first
@@ -1117,7 +1047,7 @@ def flash_attn_varlen_func(
     implementation's): everything flash_attn_func checks, for 3-d tensors; cu_seqlens_* and
     seqused_* are CUDA tensors on q's device, torch.int32, 1-d and contiguous; cu_seqlens_q and
     cu_seqlens_k have the same length (>= 1); seqused_* have cu_seqlens_q.numel() - 1 entries;
-    max_seqlen_* in [1, 2**31 - 1]; softmax_scale (when given) and softcap finite and >= 0. Not
+    max_seqlen_* in [0, 2**31 - 1]; softmax_scale (when given) and softcap finite and >= 0. Not
     checked (the contents of cu_seqlens_* / seqused_* stay on the device: no synchronisation):
     that cu_seqlens_* start at 0, increase and end at most at total_q / total_k, that
     max_seqlen_* are at least the real lengths, that seqused_* are at most the lengths. The
@@ -1129,15 +1059,38 @@ def flash_attn_varlen_func(
     (flash3.backward_is_built).
     """
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
+    _check_sm_margin(sm_margin)
+    if block_table is not None:
+        if page_table is not None and page_table is not block_table:
+            raise ValueError("flash3: page_table and block_table are both given; block_table is an alias of "
+                             "page_table: pass one")
+        page_table = block_table
+    if page_table is not None:
+        if cu_seqlens_k is not None:
+            raise ValueError("flash3: cu_seqlens_k is given with page_table; a paged cache's lengths come from "
+                             "seqused_k (pass cu_seqlens_k=None)")
+        if seqused_q is not None:
+            raise NotImplementedError("flash3: seqused_q with page_table is not supported; pass None")
+        return flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=page_table,
+                                       cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                       softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                       softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+                                       return_softmax_lse=return_attn_probs or return_lse, out=out)
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
     window_left, window_right = _window_sides(window_size)
-    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                           _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
+    result, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                              softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                              _pack_gqa_arg(pack_gqa), _check_num_splits(num_splits))
+    if out is not None:
+        _check_out(out, result, "(total_q, num_heads_q, head_dim_v)")
+        with torch.no_grad():
+            out.copy_(result)
+        if not result.requires_grad:
+            result = out
     if return_attn_probs or return_lse:
-        return out, lse
-    return out
+        return result, lse
+    return result
 
 
 def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -1202,34 +1155,40 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out
 # ---------------------------------------------------------------------------
 # KV-cache attention.
 # ---------------------------------------------------------------------------
-def _check_kvcache_not_implemented(cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin):
-    """flash_attn_with_kvcache's FlashAttention-3 arguments flash3 does not have yet."""
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
-        if t is not None:
-            raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet in "
-                                      "flash_attn_with_kvcache; pass None")
-    if max_seqlen_q is not None:
-        raise NotImplementedError("flash3: max_seqlen_q is only meaningful with cu_seqlens_q, which is not supported "
-                                  "yet in flash_attn_with_kvcache; pass None")
-    if sm_margin != 0:
-        raise NotImplementedError(f"flash3: sm_margin={sm_margin} is not supported yet in flash_attn_with_kvcache "
-                                  "(its plan uses every SM); pass 0")
-
-
-def _cache_seqlens_tensor(cache_seqlens, q):
+def _cache_seqlens_tensor(cache_seqlens, q, batch, k_cache, page_table, k, cu_seqlens_k_new):
     """An int cache_seqlens (every sequence holds that many rows) as FlashAttention-3 makes it: a
-    (batch,) torch.int32 tensor on q's device."""
-    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+    (batch,) torch.int32 tensor on q's device. The host knows its value, so the append's rows must
+    fit: cache_seqlens + seqlen_new <= the capacity (seqlen_cache, or max_num_pages_per_seq *
+    page_size), where the kernels would drop the rows past it (a tensor cache_seqlens is the
+    caller's contract there: rows past the capacity are not written)."""
+    if not _is_int(cache_seqlens):
         raise TypeError(f"flash3: cache_seqlens is {cache_seqlens!r} ({type(cache_seqlens).__name__}); expected "
                         "None, an int or a (batch,) torch.int32 tensor")
+    cache_seqlens = int(cache_seqlens)
     if not 0 <= cache_seqlens <= _INT32_MAX:
         raise ValueError(f"flash3: cache_seqlens is {cache_seqlens}; expected an int in [0, 2147483647] (the number "
                          "of rows each cache entry holds) or a (batch,) torch.int32 tensor")
-    return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4:
+        paged = isinstance(page_table, torch.Tensor) and page_table.dim() == 2
+        capacity = page_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 and cu_seqlens_k_new is None else 0
+        if cache_seqlens + new > capacity:
+            raise ValueError(f"flash3: cache_seqlens is {cache_seqlens} with {new} new rows; expected cache_seqlens + "
+                             f"seqlen_new <= {capacity}, the rows a cache entry holds "
+                             f"({'max_num_pages_per_seq * page_size' if paged else 'k_cache.shape[1]'}): the new rows "
+                             "would not fit")
+    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
 
 
 def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
+    """An integer other than a bool (Python ints, NumPy integers, 0-d integer tensors)."""
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+        return True
+    except TypeError:
+        return False
 
 
 def _scheduler_metadata_plan(scheduler_metadata):
@@ -1293,6 +1252,8 @@ def flash_attn_with_kvcache(
     pack_gqa: Optional[bool] = None,
     sm_margin: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    out: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of q over a KV cache, after appending new keys / values to it (FlashAttention-3's
     flash_attn_with_kvcache, positional order included): the incremental-decoding step. Forward
@@ -1419,19 +1380,32 @@ def flash_attn_with_kvcache(
     forward's packgqa unit for the dtype and head dims), RuntimeError (a CUDA error).
     """
     _check_not_implemented(qv, q_descale, k_descale, v_descale, attention_chunk)
-    _check_kvcache_not_implemented(cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, sm_margin)
+    _check_sm_margin(sm_margin)
     if not torch.compiler.is_compiling():  # traced: the fake implementation checks it
         softcap = _check_softcap(softcap)
+    varlen_q = cu_seqlens_q is not None
+    if (varlen_q or cu_seqlens_k_new is not None) and not _C.serving_wip():
+        name = "cu_seqlens_q (variable-length queries" if varlen_q else "cu_seqlens_k_new (variable-length new rows"
+        raise NotImplementedError(f"flash3: {name} with a KV cache) is not supported by this build: it needs "
+                                  "libflash3 built with FLASH3_SERVING_WIP, whose kernels have not run on a GPU yet")
+    if varlen_q and max_seqlen_q is not None and not _is_int(max_seqlen_q):
+        raise TypeError(f"flash3: max_seqlen_q is {max_seqlen_q!r} ({type(max_seqlen_q).__name__}); expected an int")
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        cache_seqlens = _cache_seqlens_tensor(cache_seqlens, q)
+        batch = cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else q.shape[0]
+        cache_seqlens = _cache_seqlens_tensor(cache_seqlens, q, batch, k_cache, page_table, k, cu_seqlens_k_new)
     window_left, window_right = _window_sides(window_size)
     if scheduler_metadata is not None:
         num_splits, pack = _scheduler_metadata_plan(scheduler_metadata)
     else:
         num_splits, pack = _check_num_splits(num_splits), _pack_gqa_arg(pack_gqa)
-    out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                            cache_leftpad, page_table, rotary_seqlens, softmax_scale, causal, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits, pack)
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            page_table, rotary_seqlens, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+            num_splits, pack, cu_seqlens_q, cu_seqlens_k_new,
+            int(max_seqlen_q) if varlen_q and max_seqlen_q is not None else None)
+    if out is None:
+        out, lse = _fwd_kvcache(*args)
+    else:  # written in place (out is checked by the operator)
+        lse = _fwd_kvcache_out(*args, out=out)
     if return_softmax_lse:
         return out, lse
     return out
@@ -1467,7 +1441,10 @@ def get_scheduler_metadata(
     splits and whether the query heads are packed, flash3::forward_plan on the current device,
     or cache_seqlens' device when that is a CUDA tensor), never from the values of cache_seqlens
     / cache_leftpad, which are accepted and ignored. The plan is made for keys of length
-    max_seqlen_k + max_seqlen_k_new (the cache size plus the new rows).
+    max_seqlen_k, the cache's capacity, exactly as flash_attn_with_kvcache plans a call without
+    scheduler_metadata (its k_cache.shape[1], or max_num_pages_per_seq * page_size): pass that
+    value and the two decide the same; max_seqlen_k_new (the new rows, which fit in the capacity)
+    does not change it.
 
     Arguments: batch_size, max_seqlen_q, max_seqlen_k (the cache size, seqlen_cache; for a paged
     cache its capacity per sequence, max_num_blocks_per_seq * page_size, as FlashAttention-3
@@ -1477,8 +1454,9 @@ def get_scheduler_metadata(
     num_splits (0: heuristic, 1: none, n: at most n), pack_gqa (None: heuristic): as in those
     calls. page_size: None (contiguous caches) or the page_block_size of a paged cache (an int
     >= 1); accepted and checked, but the plan does not depend on it (a paged call of the same
-    shapes and capacity takes the same plan as a contiguous one). cu_seqlens_q,
-    cu_seqlens_k_new, attention_chunk != 0 and sm_margin != 0 are not supported yet
+    shapes and capacity takes the same plan as a contiguous one). cu_seqlens_q and
+    cu_seqlens_k_new (varlen calls: max_seqlen_q is then the longest query sequence) and
+    sm_margin are accepted and change nothing; attention_chunk != 0 is not supported yet
     (NotImplementedError).
 
     Returns:
@@ -1491,9 +1469,6 @@ def get_scheduler_metadata(
     beyond int32, page_size < 1, bad num_splits, shapes or options flash3::forward_plan
     rejects), RuntimeError (no usable CUDA device).
     """
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
-        if t is not None:
-            raise NotImplementedError(f"flash3: {name} (variable-length q / new rows) is not supported yet; pass None")
     if page_size is not None:  # a paged cache: the plan depends on the shapes only, not on the page size
         if isinstance(page_size, bool) or not isinstance(page_size, int):
             raise TypeError(f"flash3: page_size is {page_size!r} ({type(page_size).__name__}); expected None or an "
@@ -1503,8 +1478,7 @@ def get_scheduler_metadata(
                              "page_block_size of a paged cache)")
     if attention_chunk != 0:
         raise NotImplementedError(f"flash3: attention_chunk={attention_chunk} is not supported yet; pass 0")
-    if sm_margin != 0:
-        raise NotImplementedError(f"flash3: sm_margin={sm_margin} is not supported yet; pass 0")
+    _check_sm_margin(sm_margin)
     if headdim_v is None:
         headdim_v = headdim
     sizes = (("batch_size", batch_size, 1), ("max_seqlen_q", max_seqlen_q, 1), ("max_seqlen_k", max_seqlen_k, 0),
@@ -1515,7 +1489,9 @@ def get_scheduler_metadata(
             raise TypeError(f"flash3: {name} is {x!r} ({type(x).__name__}); expected an int")
         if not lo <= x <= _INT32_MAX:
             raise ValueError(f"flash3: {name} is {x}; expected an int in [{lo}, 2147483647]")
-    seqlen_k = max_seqlen_k + max_seqlen_k_new
+    # The call plans for its cache's capacity (flash3::forward_kvcache), which max_seqlen_k is:
+    # the same decision, whatever max_seqlen_k_new (the new rows fit in the capacity).
+    seqlen_k = max_seqlen_k
     window_left, window_right = _window_sides(window_size)
     num_splits = _check_num_splits(num_splits)
     pack = _pack_gqa_arg(pack_gqa)

@@ -328,8 +328,8 @@ VARLEN_CASES = {
                            ["seqused_q", "4 entries", "expected 3"]),
     "seqused_k_too_short": (_vwith(seqused_k=lambda a: _i32(1, 2)), ValueError,
                             ["seqused_k", "2 entries", "expected 3"]),
-    # max_seqlen_*: in [1, 2**31 - 1]
-    "max_seqlen_q_zero": (_vwith(max_seqlen_q=0), ValueError, ["max_seqlen_q", "0"]),
+    # max_seqlen_*: in [0, 2**31 - 1] (0: every sequence of that side is empty)
+    "max_seqlen_q_float": (_vwith(max_seqlen_q=2.0), TypeError, ["max_seqlen_q", "float"]),
     "max_seqlen_k_negative": (_vwith(max_seqlen_k=-1), ValueError, ["max_seqlen_k", "-1"]),
     "max_seqlen_q_beyond_int32": (_vwith(max_seqlen_q=2 ** 31), ValueError, ["max_seqlen_q", "2147483648"]),
     # scale and not-implemented features, as flash_attn_func
@@ -365,7 +365,7 @@ def test_varlen_bad_argument_raises(case):
 
 
 @pytest.mark.parametrize("case", ["cu_seqlens_q_int64", "cu_seqlens_q_on_cpu", "cu_seqlens_length_mismatch",
-                                  "seqused_q_too_long", "q_4d", "max_seqlen_q_zero", "hdim_80", "softcap_negative"])
+                                  "seqused_q_too_long", "q_4d", "max_seqlen_k_negative", "hdim_80", "softcap_negative"])
 def test_varlen_bad_argument_raises_same_type_under_compile(case):
     """The fake implementation of varlen_fwd raises what the eager checks raise."""
     make, exc, words = VARLEN_CASES[case]

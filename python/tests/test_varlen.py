@@ -350,6 +350,22 @@ def test_no_sequences():
     assert out.shape == (0, 4, 128) and lse.shape == (4, 0)
 
 
+def test_max_seqlen_zero():
+    """max_seqlen_q / max_seqlen_k 0 (FlashAttention-3 accepts them): every sequence of that side
+    is empty; nothing is written, the call neither fails nor launches past the tensors."""
+    _skip_unless_built(torch.bfloat16, 128, 128)
+    batch = Batch([0, 0], [5, 7], 4, 4, 128, 128, torch.bfloat16, pad_q=3)
+    out, lse = flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.cu_q, batch.cu_k, 0, 7,
+                                      return_attn_probs=True)
+    assert out.shape == (3, 4, 128) and lse.shape == (4, 3)
+    keyless = Batch([3, 2], [0, 0], 4, 4, 128, 128, torch.bfloat16)
+    out, lse = flash_attn_varlen_func(keyless.q, keyless.k, keyless.v, keyless.cu_q, keyless.cu_k, 3, 0,
+                                      return_attn_probs=True)
+    torch.cuda.synchronize()
+    # No key: FlashAttention's convention, out 0 and softmax_lse -inf for every real row.
+    assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+
+
 def test_return_conventions_and_positional_order():
     _skip_unless_built(torch.bfloat16, 128, 128)
     b = Batch([100, 37], [80, 200], 4, 2, 128, 128, torch.bfloat16, seed=2)

@@ -226,17 +226,29 @@ static_assert(kPrePagedKVCacheArgsSize % alignof(const int32_t*) == 0,
               "the pre-paged layout ends at a pointer boundary (no trailing padding)");
 static_assert(kPrePagedKVCacheArgsSize < sizeof(flash3_kvcache_args),
               "the pre-paged layout's size must differ from this header's");
+// sizeof() of the layout ending at page_table_max_pages (before
+// page_table_rows, which sits in that layout's trailing padding, and
+// cu_seqlens_k_new): cu_seqlens_k_new is a pointer, so it starts at the
+// first pointer boundary after page_table_rows, which is that layout's end.
+constexpr size_t kPagedKVCacheArgsSize = offsetof(flash3_kvcache_args, cu_seqlens_k_new);
+static_assert(kPagedKVCacheArgsSize % alignof(const int32_t*) == 0 &&
+                  kPagedKVCacheArgsSize == (offsetof(flash3_kvcache_args, page_table_max_pages) + sizeof(int32_t) +
+                                            alignof(int64_t) - 1) / alignof(int64_t) * alignof(int64_t),
+              "the paged layout's sizeof ends where cu_seqlens_k_new starts");
+static_assert(kPagedKVCacheArgsSize < sizeof(flash3_kvcache_args), "three distinct layout sizes");
 
 // flash3_kvcache_args -> KVCacheArgs (NULL tensors: absent). struct_size is
 // this header's sizeof or the pre-paged layout's, whose callers get no
 // page_table (contiguous caches).
 flash3::Status kvcache_args(const flash3_kvcache_args* c, const flash3_options* opts, flash3::KVCacheArgs* a) {
   if (c == nullptr) return flash3::Status::Invalid("args is NULL; expected a flash3_kvcache_args");
-  const bool has_paged = c->struct_size == sizeof(flash3_kvcache_args);
+  const bool has_varlen = c->struct_size == sizeof(flash3_kvcache_args);
+  const bool has_paged = has_varlen || c->struct_size == kPagedKVCacheArgsSize;
   if (!has_paged && c->struct_size != kPrePagedKVCacheArgsSize)
     return flash3::Status::Invalid("args->struct_size is " + std::to_string(c->struct_size) + "; expected " +
-                                   std::to_string(sizeof(flash3_kvcache_args)) +
-                                   " (sizeof(flash3_kvcache_args)) or " + std::to_string(kPrePagedKVCacheArgsSize) +
+                                   std::to_string(sizeof(flash3_kvcache_args)) + " (sizeof(flash3_kvcache_args)), " +
+                                   std::to_string(kPagedKVCacheArgsSize) + " (the layout before page_table_rows) or " +
+                                   std::to_string(kPrePagedKVCacheArgsSize) +
                                    " (the layout before page_table): initialise with flash3_default_kvcache_args()");
   const struct {
     const flash3_tensor* t;
@@ -267,6 +279,10 @@ flash3::Status kvcache_args(const flash3_kvcache_args* c, const flash3_options* 
     a->page_table = c->page_table;
     a->page_table_batch_stride = c->page_table_batch_stride;
     a->page_table_max_pages = c->page_table_max_pages;
+  }
+  if (has_varlen) {
+    a->page_table_rows = c->page_table_rows;
+    a->cu_seqlens_k_new = c->cu_seqlens_k_new;
   }
   return to_options(opts, &a->opts);
 }

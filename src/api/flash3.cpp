@@ -86,6 +86,8 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
     for (int i = 0; i < 3; ++i)
       if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) return 0;
   if (q.shape[1] <= 0 || k.shape[1] <= 0 || q.shape[2] <= 0 || q.shape[2] > 256) return 0;
+  // Tile maps sized in int32 rows (validation's check_limits): beyond, the call is rejected.
+  if (std::max(q.shape[0], k.shape[0]) + int64_t(args.opts.num_sequences) * 256 > int64_t(INT32_MAX) - 1024) return 0;
   BwdParams p;
   p.varlen = true;
   p.batch = args.opts.num_sequences;
@@ -95,8 +97,8 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
   p.heads_kv = static_cast<int>(k.shape[1]);
   p.head_dim = static_cast<int>(q.shape[2]);
   p.head_dim_v = static_cast<int>(v.shape[2]);
-  p.max_seqlen_q = args.opts.max_seqlen_q;
-  p.max_seqlen_k = args.opts.max_seqlen_k;
+  p.max_seqlen_q = std::max(args.opts.max_seqlen_q, 1);  // as make_bwd_params plans 0
+  p.max_seqlen_k = std::max(args.opts.max_seqlen_k, 1);
   apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
   return backward_workspace_bytes(p);
 }
@@ -129,8 +131,8 @@ size_t forward_workspace_bytes_of(const ForwardArgs& args) {
   p.num_splits = args.opts.num_splits;
   if (varlen) {
     if (p.batch <= 0) return 0;
-    p.max_seqlen_q = args.opts.max_seqlen_q;
-    p.max_seqlen_k = args.opts.max_seqlen_k;
+    p.max_seqlen_q = std::max(args.opts.max_seqlen_q, 1);  // as make_fwd_params plans 0
+    p.max_seqlen_k = std::max(args.opts.max_seqlen_k, 1);
     apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
   } else {
     apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
@@ -285,7 +287,7 @@ Status forward_kvcache(const KVCacheArgs& args, cudaStream_t stream) {
       params.q_head_stride = append.qo_head_stride;
     }
     Status launched = launch_append_kv(append, stream);
-    if (launched.ok() && args.q.shape[1] > 0) {
+    if (launched.ok() && kvcache_has_queries(args)) {
       params.workspace = ws.ptr;
       launched = launch_forward(params, stream);
     }
@@ -314,6 +316,14 @@ Status forward_plan(DType dtype, int batch, int seqlen_q, int seqlen_k, int head
     FLASH3_RETURN_IF_ERROR(need("heads_kv", heads_kv, 1));
     FLASH3_RETURN_IF_ERROR(need("head_dim", head_dim, 1));
     FLASH3_RETURN_IF_ERROR(need("head_dim_v", head_dim_v, 1));
+    for (const auto& [name, d] : {std::pair<const char*, int>{"head_dim", head_dim}, {"head_dim_v", head_dim_v}})
+      if (d % 8 != 0 || d > 256)
+        return Status::Invalid(std::string(name) + " is " + std::to_string(d) + "; expected a multiple of 8 in [8, 256]");
+    // The kernels add rows, columns and windows in int32 (validation's limit).
+    if (int64_t(seqlen_q) + seqlen_k > int64_t(INT32_MAX) - 1024)
+      return Status::Invalid("seqlen_q + seqlen_k is " + std::to_string(int64_t(seqlen_q) + seqlen_k) +
+                             "; expected <= " + std::to_string(int64_t(INT32_MAX) - 1024) +
+                             " (the kernels index rows in int32)");
     if (heads_q % heads_kv != 0)
       return Status::Invalid("heads_q (" + std::to_string(heads_q) + ") is not a multiple of heads_kv (" +
                              std::to_string(heads_kv) + ")");
@@ -348,6 +358,7 @@ Status forward_plan(DType dtype, int batch, int seqlen_q, int seqlen_k, int head
 
 size_t forward_workspace_size(const ForwardArgs& args) {
   try {
+    if (!check_attention_options(args.opts).ok()) return 0;  // validation would reject the call
     return forward_workspace_bytes_of(args);
   } catch (...) {
     return 0;
@@ -363,6 +374,7 @@ size_t forward_workspace_size(const ForwardArgs& args) {
 // (total, heads, dim) shapes, opts.num_sequences and opts.max_seqlen_q.
 size_t backward_workspace_size(const BackwardArgs& args) {
   try {
+    if (!check_attention_options(args.opts).ok()) return 0;  // validation would reject the call
     const TensorView& q = args.q;
     if (args.opts.cu_seqlens_q != nullptr) return varlen_workspace_bytes(args);
     if (q.ndim != 4 || args.v.ndim != 4) return 0;

@@ -61,8 +61,9 @@ Status check_rotary(const QuantizeFp8Args& a) {
     if (t->dtype != a.x.dtype)
       return Status::Invalid(std::string(name) + ".dtype is " + dtype_name(t->dtype) + "; expected " +
                              dtype_name(a.x.dtype) + " (x's)");
-    if (t->ndim != 2 || t->shape[0] < 0 || t->shape[1] < 0)
-      return Status::Invalid(std::string(name) + " has shape " + shape_str(*t) + "; expected 2-d (seqlen_ro, rotary_dim / 2)");
+    if (t->ndim != 2 || t->shape[0] < 0 || t->shape[1] < 0 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
+      return Status::Invalid(std::string(name) + " has shape " + shape_str(*t) +
+                             "; expected 2-d (seqlen_ro, rotary_dim / 2), each below 2^31");
     if (t->shape[0] < seqlen)
       return Status::Invalid(std::string(name) + " has " + std::to_string(t->shape[0]) + " rows; expected at least " +
                              "seqlen = " + std::to_string(seqlen) + " (token s uses row s)");
@@ -73,6 +74,7 @@ Status check_rotary(const QuantizeFp8Args& a) {
                              " elements; expected a non-negative multiple of 8 (16-byte rows)");
     if (t->data == nullptr || reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
       return Status::Invalid(std::string(name) + ".data is null or not 16-byte aligned; expected 16-byte aligned rows");
+    FLASH3_RETURN_IF_ERROR(check_tensor_span(name, *t));
   }
   if (c.shape[1] != sn.shape[1])
     return Status::Invalid("rotary_sin has shape " + shape_str(sn) + "; expected rotary_cos's " + shape_str(c));
@@ -134,8 +136,16 @@ Status validate_quantize_fp8(const QuantizeFp8Args& a) {
   if (s.data == nullptr && s.numel() > 0) return Status::Invalid("descale.data is null; expected a device pointer");
   if (reinterpret_cast<uintptr_t>(s.data) % 4 != 0) return Status::Invalid("descale.data is not 4-byte aligned");
   FLASH3_RETURN_IF_ERROR(check_rotary(a));
+  FLASH3_RETURN_IF_ERROR(check_tensor_span("x", a.x));
+  FLASH3_RETURN_IF_ERROR(check_tensor_span("out", a.out));
+  FLASH3_RETURN_IF_ERROR(check_written_tensor("out", a.out));
   if (views_overlap(a.out, a.x) || views_overlap(a.descale, a.x) || views_overlap(a.descale, a.out))
     return Status::Invalid("out, descale and x overlap; expected each to have memory of its own");
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"rotary_cos", &a.rotary_cos},
+                                {"rotary_sin", &a.rotary_sin}})
+    if (views_overlap(a.out, *t) || views_overlap(a.descale, *t))
+      return Status::Invalid(std::string("out or descale overlaps ") + name +
+                             "; expected the outputs to have memory of their own (" + name + " is read)");
   if (!device_check_skipped() && b * h > 0) {
     FLASH3_RETURN_IF_ERROR(check_device_pointer("x.data", a.x.data));
     FLASH3_RETURN_IF_ERROR(check_device_pointer("out.data", a.out.data));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/build_options.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -79,6 +80,8 @@ int64_t TensorView::numel() const {
   return total;
 }
 
-const char* version() { return "0.1.0"; }
+const char* version() { return FLASH3_VERSION_STRING; }
+
+bool serving_wip_built() { return FLASH3_SERVING_WIP != 0; }
 
 }  // namespace flash3

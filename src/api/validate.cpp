@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <utility>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -47,16 +47,22 @@ std::string dtype_str(DType t) {
   return n;
 }
 
+// Messages are formatted with snprintf, never with iostreams: a process may hold
+// another copy of libstdc++'s stream code (a torch extension built by another
+// compiler), and the stream templates libflash3 imports can bind to that copy,
+// whose facet layout differs: formatting a pointer into an error message then
+// crashed the process (SIGSEGV in the torch binding's kvcache and alignment
+// errors).
 std::string fmt_float(float x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(x));  // as ostream formats a float
+  return buf;
 }
 
 std::string fmt_ptr(const void* p) {
-  std::ostringstream os;
-  os << "0x" << std::hex << reinterpret_cast<uintptr_t>(p);
-  return os.str();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+  return buf;
 }
 
 // The role of a tensor decides its layout, dim names and stride rules.
@@ -199,9 +205,68 @@ Status check_no_alias(const A& out, std::initializer_list<const A*> others) {
   return Status::Ok();
 }
 
+// A device int32 array of n entries (cu_seqlens, seqused, cache_seqlens, a
+// page table's rows) as a view the overlap checks take (4-byte elements).
+TensorView int_array_view(const int* p, int64_t n) {
+  TensorView t;
+  t.data = const_cast<int*>(p);
+  t.dtype = DType::kFloat32;
+  t.ndim = 1;
+  t.shape[0] = p != nullptr ? n : 0;
+  t.stride[0] = 1;
+  return t;
+}
+
+// The varlen arrays of opts, which the kernels read while they write the
+// outputs: none may lie inside an output. (Arrays the host never reads: only
+// their extents, from num_sequences, are known.)
+struct VarlenArrays {
+  TensorView cu_q, cu_k, used_q, used_k;
+  explicit VarlenArrays(const AttentionOptions& o) {
+    const int64_t n = std::max(o.num_sequences, 0);
+    cu_q = int_array_view(o.cu_seqlens_q, n + 1);
+    cu_k = int_array_view(o.cu_seqlens_k, n + 1);
+    used_q = int_array_view(o.seqused_q, n);
+    used_k = int_array_view(o.seqused_k, n);
+  }
+};
+Status check_varlen_arrays_not_written(const VarlenArrays& va, std::initializer_list<const Arg*> written) {
+  const Arg cu_q{"opts.cu_seqlens_q", &va.cu_q, Role::kLse, false};
+  const Arg cu_k{"opts.cu_seqlens_k", &va.cu_k, Role::kLse, false};
+  const Arg used_q{"opts.seqused_q", &va.used_q, Role::kLse, false};
+  const Arg used_k{"opts.seqused_k", &va.used_k, Role::kLse, false};
+  for (const Arg* w : written) FLASH3_RETURN_IF_ERROR(check_no_alias(*w, {&cu_q, &cu_k, &used_q, &used_k}));
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------------------
 // Options.
 // ---------------------------------------------------------------------------
+// Scales that enter the kernels' fp32 arithmetic: the kernels build with
+// -use_fast_math, which flushes subnormal floats to 0 (a masked score would
+// then become -inf * 0 = NaN), and the softmax multiplies a scale by log2(e)
+// (which must stay finite). 0 is exact and allowed where it means something.
+constexpr float kMinKernelFloat = std::numeric_limits<float>::min();  // 2^-126
+constexpr float kMaxKernelFloat = std::numeric_limits<float>::max() / 2.f;  // * log2(e) stays finite
+constexpr const char* kKernelFloatWhy =
+    " (fp32's normal range: the kernels flush subnormal floats to 0, and the softmax multiplies the value by "
+    "log2(e))";
+bool kernel_float_ok(float x) { return x == 0.f || (x >= kMinKernelFloat && x <= kMaxKernelFloat); }
+
+// With softcap, the scores are multiplied by softmax_scale / softcap first:
+// that ratio must be a normal float too (a softcap of 1e38 with the default
+// scale would flush it to 0 and make every weight equal).
+Status check_softcap_ratio(const AttentionOptions& o, int64_t head_dim) {
+  if (!(o.softcap > 0.f)) return Status::Ok();
+  const float scale = std::isnan(o.softmax_scale) ? 1.f / std::sqrt(static_cast<float>(head_dim)) : o.softmax_scale;
+  const float ratio = scale / o.softcap;
+  if (scale == 0.f || ratio >= kMinKernelFloat) return Status::Ok();
+  return Status::Invalid("opts.softcap is " + fmt_float(o.softcap) + " with softmax_scale " + fmt_float(scale) +
+                         ": softmax_scale / softcap = " + fmt_float(ratio) + " is below fp32's normal range (" +
+                         fmt_float(kMinKernelFloat) + "), which the kernels flush to 0; expected a softcap at most " +
+                         fmt_float(scale / kMinKernelFloat));
+}
+
 Status check_options(const AttentionOptions& o) {
   if ((o.cu_seqlens_q == nullptr) != (o.cu_seqlens_k == nullptr)) {
     const bool has_q = o.cu_seqlens_q != nullptr;
@@ -223,12 +288,14 @@ Status check_options(const AttentionOptions& o) {
     if (o.num_sequences > kMaxNumSequences)
       return Status::Invalid("opts.num_sequences is " + std::to_string(o.num_sequences) + "; expected <= " +
                              std::to_string(kMaxNumSequences) + " (2^30: the kernels index tiles in int32)");
-    if (o.max_seqlen_q <= 0)
+    // 0 is FlashAttention-3's empty batch (every sequence empty); the values
+    // only normalise the window, the lengths come from the device arrays.
+    if (o.max_seqlen_q < 0)
       return Status::Invalid("opts.max_seqlen_q is " + std::to_string(o.max_seqlen_q) +
-                             "; expected > 0 when opts.cu_seqlens_q is set");
-    if (o.max_seqlen_k <= 0)
+                             "; expected >= 0 when opts.cu_seqlens_q is set");
+    if (o.max_seqlen_k < 0)
       return Status::Invalid("opts.max_seqlen_k is " + std::to_string(o.max_seqlen_k) +
-                             "; expected > 0 when opts.cu_seqlens_k is set");
+                             "; expected >= 0 when opts.cu_seqlens_k is set");
     if (reinterpret_cast<uintptr_t>(o.cu_seqlens_q) % alignof(int32_t) != 0)
       return Status::Invalid("opts.cu_seqlens_q (" + fmt_ptr(o.cu_seqlens_q) + ") is not 4-byte aligned; expected an int32 array");
     if (reinterpret_cast<uintptr_t>(o.cu_seqlens_k) % alignof(int32_t) != 0)
@@ -243,8 +310,14 @@ Status check_options(const AttentionOptions& o) {
     return Status::Invalid("opts.softmax_scale is " + fmt_float(o.softmax_scale) +
                            "; expected NaN (the default, 1/sqrt(head_dim)) or a finite value >= 0 (a negative scale "
                            "is not supported: the online softmax tracks the row maximum of the unscaled scores)");
+  if (!std::isnan(o.softmax_scale) && !kernel_float_ok(o.softmax_scale))
+    return Status::Invalid("opts.softmax_scale is " + fmt_float(o.softmax_scale) + "; expected 0 or a value in [" +
+                           fmt_float(kMinKernelFloat) + ", " + fmt_float(kMaxKernelFloat) + "]" + kKernelFloatWhy);
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap))
     return Status::Invalid("opts.softcap is " + fmt_float(o.softcap) + "; expected a finite value >= 0 (0 disables)");
+  if (!kernel_float_ok(o.softcap))
+    return Status::Invalid("opts.softcap is " + fmt_float(o.softcap) + "; expected 0 (off) or a value in [" +
+                           fmt_float(kMinKernelFloat) + ", " + fmt_float(kMaxKernelFloat) + "]" + kKernelFloatWhy);
   // Checked for the backward too (shared options), which otherwise ignores it.
   if (o.pack_gqa < -1 || o.pack_gqa > 1)
     return Status::Invalid("opts.pack_gqa is " + std::to_string(o.pack_gqa) +
@@ -317,6 +390,9 @@ Status check_fp8_forward(const ForwardArgs& args, bool varlen) {
                            "; expected bf16 (fp8_e4m3 inputs write a bf16 output)");
   if (varlen)
     return Status::NotSupported("fp8 with variable-length batches (opts.cu_seqlens_q is set; fp8 runs fixed length)");
+  if (args.opts.softcap != 0.f)
+    return Status::NotSupported("fp8 with opts.softcap " + fmt_float(args.opts.softcap) +
+                                " (the e4m3 kernels have no score modifier; pass 0)");
   const int64_t b = args.q.shape[0], hkv = args.k.shape[2], hq = args.q.shape[2];
   const int64_t blocks_q = (args.q.shape[1] + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   const int64_t blocks_k = (args.k.shape[1] + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
@@ -343,6 +419,7 @@ Status check_fp8_forward(const ForwardArgs& args, bool varlen) {
                              ")");
     if (reinterpret_cast<uintptr_t>(t->data) % 4 != 0)
       return Status::Invalid(std::string(name) + ".data " + fmt_ptr(t->data) + " is not 4-byte aligned; expected fp32 alignment");
+    FLASH3_RETURN_IF_ERROR(check_span_fits(name, *t));
   }
   return Status::Ok();
 }
@@ -494,6 +571,13 @@ bool is_varlen(const AttentionOptions& o) { return o.cu_seqlens_q != nullptr; }
 
 }  // namespace
 
+Status check_written_tensor(const char* name, const TensorView& t) {
+  static const char* const kDims[kMaxTensorDims] = {"0", "1", "2", "3", "4"};
+  return check_written_layout(name, t, kDims);
+}
+
+Status check_tensor_span(const char* name, const TensorView& t) { return check_span_fits(name, t); }
+
 // "(2, 8, 3)" (at most kMaxTensorDims entries, whatever ndim claims).
 std::string shape_str(const TensorView& t) {
   std::string s = "(";
@@ -524,6 +608,7 @@ Status check_forward_structure(const ForwardArgs& args) {
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_fp32(l));
 
   FLASH3_RETURN_IF_ERROR(check_head_dims(q, k, v, o, varlen));
+  FLASH3_RETURN_IF_ERROR(check_softcap_ratio(args.opts, args.q.shape[args.q.ndim - 1]));
   FLASH3_RETURN_IF_ERROR(check_fp8_forward(args, varlen));
   FLASH3_RETURN_IF_ERROR(check_geometry(q, k, v, o, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_lse_shape(l, q, varlen));
@@ -531,9 +616,14 @@ Status check_forward_structure(const ForwardArgs& args) {
   for (const Arg* a : {&q, &k, &v, &o}) FLASH3_RETURN_IF_ERROR(check_layout(*a, varlen));
   if (has_lse) FLASH3_RETURN_IF_ERROR(check_layout(l, varlen));
   FLASH3_RETURN_IF_ERROR(check_limits(q, k, args.opts, varlen));
-  FLASH3_RETURN_IF_ERROR(check_no_alias(o, {&q, &k, &v}));
-  if (has_lse) FLASH3_RETURN_IF_ERROR(check_no_alias(l, {&q, &k, &v, &o}));
-  return Status::Ok();
+  const Arg qd{"q_descale", &args.q_descale, Role::kLse, false};
+  const Arg kd{"k_descale", &args.k_descale, Role::kLse, false};
+  const Arg vd{"v_descale", &args.v_descale, Role::kLse, false};
+  FLASH3_RETURN_IF_ERROR(check_no_alias(o, {&q, &k, &v, &qd, &kd, &vd}));
+  if (has_lse) FLASH3_RETURN_IF_ERROR(check_no_alias(l, {&q, &k, &v, &o, &qd, &kd, &vd}));
+  const VarlenArrays va(args.opts);
+  if (has_lse) return check_varlen_arrays_not_written(va, {&o, &l});
+  return check_varlen_arrays_not_written(va, {&o});
 }
 
 Status check_backward_structure(const BackwardArgs& args) {
@@ -560,6 +650,7 @@ Status check_backward_structure(const BackwardArgs& args) {
   if (has_dlse) FLASH3_RETURN_IF_ERROR(check_fp32(dlse));
 
   FLASH3_RETURN_IF_ERROR(check_head_dims(q, k, v, o, varlen));
+  FLASH3_RETURN_IF_ERROR(check_softcap_ratio(args.opts, args.q.shape[args.q.ndim - 1]));
   FLASH3_RETURN_IF_ERROR(check_geometry(q, k, v, o, varlen));
   FLASH3_RETURN_IF_ERROR(check_like(dout, o, varlen));
   FLASH3_RETURN_IF_ERROR(check_like(dq, q, varlen));
@@ -574,11 +665,13 @@ Status check_backward_structure(const BackwardArgs& args) {
   for (const Arg* g : {&dq, &dk, &dv}) FLASH3_RETURN_IF_ERROR(check_no_alias(*g, {&q, &k, &v, &o, &dout, &lse, &dlse}));
   FLASH3_RETURN_IF_ERROR(check_no_alias(dq, {&dk, &dv}));
   FLASH3_RETURN_IF_ERROR(check_no_alias(dk, {&dv}));
-  return Status::Ok();
+  return check_varlen_arrays_not_written(VarlenArrays(args.opts), {&dq, &dk, &dv});
 }
 
 bool forward_is_empty(const ForwardArgs& args) {
-  if (is_varlen(args.opts)) return args.opts.num_sequences == 0 || args.q.shape[0] == 0;
+  // (max_seqlen_q 0: every sequence has no query rows, by the caller's contract.)
+  if (is_varlen(args.opts))
+    return args.opts.num_sequences == 0 || args.q.shape[0] == 0 || args.opts.max_seqlen_q == 0;
   return args.q.shape[0] == 0 || args.q.shape[1] == 0;
 }
 
@@ -831,8 +924,11 @@ FwdParams lower_forward(const ForwardArgs& args, bool varlen) {
     p.cu_seqlens_k = args.opts.cu_seqlens_k;
     p.seqused_q = args.opts.seqused_q;
     p.seqused_k = args.opts.seqused_k;
-    p.max_seqlen_q = args.opts.max_seqlen_q;
-    p.max_seqlen_k = args.opts.max_seqlen_k;
+    // 0 (every sequence of that side empty) is planned as 1: the grid keeps
+    // one tile per sequence, which finds its sequence empty and writes what
+    // an empty sequence gets (no query rows: nothing; no keys: O = 0, LSE -inf).
+    p.max_seqlen_q = std::max(args.opts.max_seqlen_q, 1);
+    p.max_seqlen_k = std::max(args.opts.max_seqlen_k, 1);
   }
   p.heads_q = static_cast<int>(q.shape[H]);
   p.heads_kv = static_cast<int>(k.shape[H]);
@@ -1049,9 +1145,9 @@ Status check_combine_structure(const CombineArgs& args) {
   if (splits < 1 || splits > kMaxCombineSplits)
     return Status::Invalid(combine_dim_label(op, 0) + " is " + std::to_string(splits) + "; expected 1 to " +
                            std::to_string(kMaxCombineSplits));
-  if (head_dim < 1 || head_dim > kMaxHeadDim || head_dim % 4 != 0)
+  if (head_dim < 1 || head_dim > kMaxCombineHeadDim || head_dim % 4 != 0)
     return Status::Invalid("unsupported head dim: " + combine_dim_label(op, 4) + " is " + std::to_string(head_dim) +
-                           "; expected a multiple of 4 in [4, " + std::to_string(kMaxHeadDim) +
+                           "; expected a multiple of 4 in [4, " + std::to_string(kMaxCombineHeadDim) +
                            "] (the combine kernel reads float4s)");
   FLASH3_RETURN_IF_ERROR(check_combine_shape(lp, op));
   FLASH3_RETURN_IF_ERROR(check_combine_shape(o, op));
@@ -1216,197 +1312,391 @@ std::string capacity_label(const KVCacheArgs& a) {
          ") x k_cache.shape[1] (page_size, " + std::to_string(a.k_cache.shape[1]) + ")";
 }
 
+// The call's layout: variable-length queries or not, the sequences, and the
+// views of q / out / k_new / v_new / lse by the dims the messages name.
+const char* const kQ3Dims[] = {"total_q", "num_heads_q", "head_dim"};
+const char* const kNew3Dims[] = {"total_new", "num_heads_kv", "head_dim"};
+const char* const kNew3VDims[] = {"total_new", "num_heads_kv", "head_dim_v"};
+const char* const kLse2Dims[] = {"num_heads_q", "total_q"};
+
+struct KVCacheShape {
+  bool varlen_q = false, varlen_new = false;
+  int64_t b = 0;        // sequences
+  int64_t sq = 0;       // queries per sequence (varlen: opts.max_seqlen_q)
+  int64_t total_q = 0;  // q's rows
+  int64_t hq = 0, d = 0, dv = 0, hkv = 0;
+  int qd = 4;           // q's / out's ndim
+};
+
+KVCacheShape kvcache_shape(const KVCacheArgs& a) {
+  KVCacheShape s;
+  s.varlen_q = a.opts.cu_seqlens_q != nullptr;
+  s.varlen_new = a.cu_seqlens_k_new != nullptr;
+  s.qd = s.varlen_q ? 3 : 4;
+  const int H = s.qd - 2;
+  s.b = s.varlen_q ? a.opts.num_sequences : a.q.shape[0];
+  s.sq = s.varlen_q ? a.opts.max_seqlen_q : a.q.shape[1];
+  s.total_q = s.varlen_q ? a.q.shape[0] : a.q.shape[0] * a.q.shape[1];
+  s.hq = a.q.shape[H];
+  s.d = a.q.shape[H + 1];
+  s.dv = a.v_cache.shape[3];
+  s.hkv = a.k_cache.shape[2];
+  return s;
+}
+
+// Rows of the page table (cache entries): page_table_rows, or one per sequence.
+int64_t page_table_rows(const KVCacheArgs& a, const KVCacheShape& s) {
+  return a.page_table_rows > 0 ? a.page_table_rows : s.b;
+}
+
 // Paged caches: the table's shape and what the paged kernels do not combine with.
-Status check_page_table(const KVCacheArgs& a) {
-  if (a.page_table == nullptr) return Status::Ok();
-  if (a.cache_batch_idx != nullptr)
-    return Status::NotSupported("page_table together with cache_batch_idx; a paged cache addresses sequences through "
-                                "page_table rows (pass cache_batch_idx = null)");
-  if (a.cache_leftpad != nullptr)
-    return Status::NotSupported("page_table together with cache_leftpad; a paged cache's sequences start at row 0 "
-                                "(pass cache_leftpad = null)");
+Status check_page_table(const KVCacheArgs& a, const KVCacheShape& s) {
+  if (a.page_table == nullptr) {
+    if (a.page_table_rows != 0)
+      return Status::Invalid("page_table_rows is " + std::to_string(a.page_table_rows) +
+                             " but page_table is null; expected 0 without a page table");
+    return Status::Ok();
+  }
   if (a.opts.softcap != 0.f)
-    return Status::NotSupported("page_table with softcap " + std::to_string(a.opts.softcap) +
+    return Status::NotSupported("page_table with softcap " + fmt_float(a.opts.softcap) +
                                 "; the paged kernels (the packgqa units) have no softcap yet");
   if (a.page_table_max_pages < 1)
     return Status::Invalid("page_table_max_pages is " + std::to_string(a.page_table_max_pages) +
                            "; expected >= 1 (page_table.shape[1])");
-  if (a.q.shape[0] > 1 && a.page_table_batch_stride < a.page_table_max_pages)
+  if (a.page_table_rows < 0)
+    return Status::Invalid("page_table_rows is " + std::to_string(a.page_table_rows) +
+                           "; expected >= 1 (page_table.shape[0], the cache entries), or 0 for one row per sequence");
+  if (a.page_table_rows > 0 && a.cache_batch_idx == nullptr && a.page_table_rows < s.b)
+    return Status::Invalid("page_table_rows is " + std::to_string(a.page_table_rows) + " with " + std::to_string(s.b) +
+                           " sequences and no cache_batch_idx; expected at least one row per sequence (sequence b "
+                           "uses row b)");
+  if (page_table_rows(a, s) > 1 && a.page_table_batch_stride < a.page_table_max_pages)
     return Status::Invalid("page_table_batch_stride is " + std::to_string(a.page_table_batch_stride) +
                            "; expected >= page_table_max_pages (" + std::to_string(a.page_table_max_pages) +
-                           "): row b of page_table starts b x page_table_batch_stride elements in");
+                           "): row e of page_table starts e x page_table_batch_stride elements in");
   if (a.k_cache.shape[1] < 1)
     return Status::Invalid("k_cache.shape[1] (page_size) is 0; expected >= 1 with page_table");
   if (kvcache_capacity(a) > std::numeric_limits<int32_t>::max())
     return Status::Invalid("page_table_max_pages (" + std::to_string(a.page_table_max_pages) + ") x page_size (" +
                            std::to_string(a.k_cache.shape[1]) + ") is " + std::to_string(kvcache_capacity(a)) +
                            " rows; expected <= 2147483647 (int32 row positions)");
+  // The gathering kernels address pool rows in int32.
+  if (a.k_cache.shape[0] * a.k_cache.shape[1] > std::numeric_limits<int32_t>::max())
+    return Status::Invalid("k_cache holds " + std::to_string(a.k_cache.shape[0]) + " pages x " +
+                           std::to_string(a.k_cache.shape[1]) + " rows; expected fewer than 2^31 rows in the pool");
   return check_int_array("page_table", a.page_table);
 }
 
-// The attention of a structurally valid call as varlen ForwardArgs (no
-// cu_seqlens; the sequences come from FwdParams' kv_cache fields).
+// The attention of a structurally valid call as varlen ForwardArgs (the
+// sequences come from FwdParams' kv_cache fields; opts.cu_seqlens_q stays as
+// given: null for (b, sq, ...) queries).
 ForwardArgs kvcache_attention_args(const KVCacheArgs& a) {
+  const KVCacheShape s = kvcache_shape(a);
   ForwardArgs f;
-  f.q = rows_view(a.q);
+  f.q = s.varlen_q ? a.q : rows_view(a.q);
   f.k = rows_view(a.k_cache);
   f.v = rows_view(a.v_cache);
-  f.out = rows_view(a.out);
+  f.out = s.varlen_q ? a.out : rows_view(a.out);
   if (a.lse.defined()) {
-    TensorView l = a.lse;  // (b, hq, sq) -> (hq, b * sq), rows one stride (1) apart
-    f.lse = l;
-    f.lse.ndim = 2;
-    f.lse.shape[0] = l.shape[1];
-    f.lse.stride[0] = l.stride[1];
-    f.lse.shape[1] = l.shape[0] * l.shape[2];
-    f.lse.stride[1] = 1;
-    f.lse.shape[2] = f.lse.stride[2] = 0;
+    if (s.varlen_q) {
+      f.lse = a.lse;  // (hq, total_q)
+    } else {
+      TensorView l = a.lse;  // (b, hq, sq) -> (hq, b * sq), rows one stride (1) apart
+      f.lse = l;
+      f.lse.ndim = 2;
+      f.lse.shape[0] = l.shape[1];
+      f.lse.stride[0] = l.stride[1];
+      f.lse.shape[1] = l.shape[0] * l.shape[2];
+      f.lse.stride[1] = 1;
+      f.lse.shape[2] = f.lse.stride[2] = 0;
+    }
   }
   f.opts = a.opts;
-  f.opts.num_sequences = static_cast<int>(a.q.shape[0]);
-  f.opts.max_seqlen_q = static_cast<int>(std::max<int64_t>(a.q.shape[1], 1));
+  f.opts.num_sequences = static_cast<int>(s.b);
+  f.opts.max_seqlen_q = static_cast<int>(std::max<int64_t>(s.sq, 1));
   f.opts.max_seqlen_k = static_cast<int>(std::max<int64_t>(kvcache_capacity(a), 1));
   f.workspace = a.workspace;
   f.workspace_bytes = a.workspace_bytes;
   return f;
 }
 
-}  // namespace
-
-Status check_kvcache_structure(const KVCacheArgs& a) {
-  const AttentionOptions& o = a.opts;
-  if (o.cu_seqlens_q != nullptr || o.cu_seqlens_k != nullptr)
-    return Status::NotSupported("forward_kvcache with opts.cu_seqlens_q / opts.cu_seqlens_k (variable-length q); "
-                                "q is (batch, seqlen_q, heads, head_dim)");
+// The options forward_kvcache takes: the scalar ones as every entry point,
+// and for variable-length queries cu_seqlens_q / max_seqlen_q /
+// num_sequences (the keys are the cache's).
+Status check_kvcache_options(const AttentionOptions& o) {
+  if (o.cu_seqlens_k != nullptr)
+    return Status::Invalid("opts.cu_seqlens_k is set; expected null: forward_kvcache's keys are each sequence's cache "
+                           "rows (cache_seqlens), and variable-length new rows come with cu_seqlens_k_new");
   if (o.seqused_q != nullptr || o.seqused_k != nullptr)
     return Status::Invalid("opts.seqused_q / opts.seqused_k are set; forward_kvcache takes the cache fill from "
-                           "cache_seqlens");
-  FLASH3_RETURN_IF_ERROR(check_options(o));
+                           "cache_seqlens and the query lengths from opts.cu_seqlens_q");
+  AttentionOptions scalar = o;  // the shared checks, without the varlen pair rule
+  scalar.cu_seqlens_q = nullptr;
+  scalar.max_seqlen_q = scalar.max_seqlen_k = 0;
+  FLASH3_RETURN_IF_ERROR(check_options(scalar));
+  if (o.cu_seqlens_q == nullptr) {
+    if (o.num_sequences != 0 || o.max_seqlen_q != 0)
+      return Status::Invalid("opts.num_sequences / opts.max_seqlen_q are " + std::to_string(o.num_sequences) + " / " +
+                             std::to_string(o.max_seqlen_q) + " but opts.cu_seqlens_q is null; expected 0 (q is "
+                             "(batch, seqlen_q, num_heads_q, head_dim))");
+    return Status::Ok();
+  }
+  if (o.num_sequences < 0 || o.num_sequences > kMaxNumSequences)
+    return Status::Invalid("opts.num_sequences is " + std::to_string(o.num_sequences) + "; expected in [0, " +
+                           std::to_string(kMaxNumSequences) + "] (cu_seqlens_q has num_sequences + 1 entries)");
+  if (o.max_seqlen_q < 0)
+    return Status::Invalid("opts.max_seqlen_q is " + std::to_string(o.max_seqlen_q) +
+                           "; expected >= 0 (the longest query sequence; 0: every sequence empty)");
+  return check_int_array("opts.cu_seqlens_q", o.cu_seqlens_q);
+}
+
+// q, the caches and out: ranks, dtypes, head dims, heads, shapes, layouts.
+Status check_kvcache_tensors(const KVCacheArgs& a, const KVCacheShape& s) {
+  const char* const* qdims = s.varlen_q ? kQ3Dims : kQDims;
   const Arg q{"q", &a.q, Role::kQ, false};
   const Arg kc{"k_cache", &a.k_cache, Role::kK, false};
   const Arg vc{"v_cache", &a.v_cache, Role::kV, false};
   const Arg out{"out", &a.out, Role::kO, true};
-  FLASH3_RETURN_IF_ERROR(check_ndim("q", a.q, 4, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("q", a.q, s.qd, qdims));
   FLASH3_RETURN_IF_ERROR(check_ndim("k_cache", a.k_cache, 4, kCacheDims));
   FLASH3_RETURN_IF_ERROR(check_ndim("v_cache", a.v_cache, 4, kCacheVDims));
-  FLASH3_RETURN_IF_ERROR(check_ndim("out", a.out, 4, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("out", a.out, s.qd, qdims));
   FLASH3_RETURN_IF_ERROR(check_qdtype(q, false, "forward_kvcache"));
   for (const Arg* t : {&kc, &vc, &out}) FLASH3_RETURN_IF_ERROR(check_same_dtype(*t, q));
-  const int64_t b = a.q.shape[0], sq = a.q.shape[1], hq = a.q.shape[2], d = a.q.shape[3];
-  const int64_t bc = a.k_cache.shape[0], sc = a.k_cache.shape[1], hkv = a.k_cache.shape[2];
-  const int64_t dv = a.v_cache.shape[3];
-  FLASH3_RETURN_IF_ERROR(check_head_dims(q, kc, vc, out, false));
+  const int64_t bc = a.k_cache.shape[0], sc = a.k_cache.shape[1];
+  // Head dims: k_cache's matches q's, both in range (out's is checked with its shape).
+  FLASH3_RETURN_IF_ERROR(check_dim_is("k_cache", a.k_cache, kCacheDims, 3, s.d, "to match q's head_dim"));
+  FLASH3_RETURN_IF_ERROR(check_head_dim_range(q, s.varlen_q));
+  FLASH3_RETURN_IF_ERROR(check_head_dim_range(vc, false));
+  FLASH3_RETURN_IF_ERROR(check_softcap_ratio(a.opts, s.d));
   FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 0, bc, "to match k_cache"));
   FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 1, sc, "to match k_cache"));
-  FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 2, hkv, "to match k_cache"));
-  if (hq < 1 || hkv < 1 || hq % hkv != 0)
-    return Status::Invalid("q.shape[2] (num_heads_q) is " + std::to_string(hq) + " and k_cache.shape[2] (num_heads_kv) " +
-                           std::to_string(hkv) + "; expected both >= 1 and num_heads_q % num_heads_kv == 0 (GQA/MQA)");
-  FLASH3_RETURN_IF_ERROR(check_page_table(a));
-  const bool paged = a.page_table != nullptr;
-  const int64_t capacity = kvcache_capacity(a);
-  if (!paged && a.cache_batch_idx == nullptr && bc < b)
-    return Status::Invalid("k_cache.shape[0] (batch_cache) is " + std::to_string(bc) + " and q.shape[0] (batch) " +
-                           std::to_string(b) + "; expected batch_cache >= batch when cache_batch_idx is null "
-                           "(sequence b reads cache entry b)");
-  const std::string out_why = "to match (q's batch, seqlen_q, num_heads_q) and v_cache's head_dim_v";
-  for (int i = 0; i < 3; ++i)
-    FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, kQDims, i, a.q.shape[i], out_why));
-  FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, kQDims, 3, dv, out_why));
-  for (const Arg* t : {&q, &kc, &vc, &out}) FLASH3_RETURN_IF_ERROR(check_layout(*t, false));
-  FLASH3_RETURN_IF_ERROR(check_rows_merge("q", a.q, kQDims));
-  FLASH3_RETURN_IF_ERROR(check_rows_merge("out", a.out, kQDims));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_cache", a.v_cache, kCacheVDims, 2, s.hkv, "to match k_cache"));
+  if (s.hq < 1 || s.hkv < 1 || s.hq % s.hkv != 0)
+    return Status::Invalid(dim_label("q", qdims, s.qd - 2) + " (num_heads_q) is " + std::to_string(s.hq) +
+                           " and k_cache.shape[2] (num_heads_kv) " + std::to_string(s.hkv) +
+                           "; expected both >= 1 and num_heads_q % num_heads_kv == 0 (GQA/MQA)");
+  FLASH3_RETURN_IF_ERROR(check_page_table(a, s));
+  if (a.page_table == nullptr && a.cache_batch_idx == nullptr && bc < s.b)
+    return Status::Invalid("k_cache.shape[0] (batch_cache) is " + std::to_string(bc) + " and there are " +
+                           std::to_string(s.b) + " sequences; expected batch_cache >= the number of sequences when "
+                           "cache_batch_idx is null (sequence b reads cache entry b)");
+  const std::string out_why = "to match q's rows and heads and v_cache's head_dim_v";
+  for (int i = 0; i < s.qd - 1; ++i)
+    FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, qdims, i, a.q.shape[i], out_why));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("out", a.out, qdims, s.qd - 1, s.dv, out_why));
+  for (const Arg* t : {&q, &out}) FLASH3_RETURN_IF_ERROR(check_layout(*t, s.varlen_q));
+  for (const Arg* t : {&kc, &vc}) FLASH3_RETURN_IF_ERROR(check_layout(*t, false));
+  if (!s.varlen_q) {
+    FLASH3_RETURN_IF_ERROR(check_rows_merge("q", a.q, kQDims));
+    FLASH3_RETURN_IF_ERROR(check_rows_merge("out", a.out, kQDims));
+  }
   FLASH3_RETURN_IF_ERROR(check_rows_merge("k_cache", a.k_cache, kCacheDims));
   FLASH3_RETURN_IF_ERROR(check_rows_merge("v_cache", a.v_cache, kCacheVDims));
+  // The gathering kernels step rows in int32 byte offsets.
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"k_cache", &a.k_cache},
+                                {"v_cache", &a.v_cache}}) {
+    const int64_t row_bytes = rows_view(*t).stride[0] * dtype_size(t->dtype);
+    if (row_bytes > std::numeric_limits<int32_t>::max())
+      return Status::Invalid(std::string(name) + "'s rows are " + std::to_string(row_bytes) +
+                             " bytes apart; expected below 2^31 bytes");
+  }
+  return Status::Ok();
+}
 
-  // The append and its rotary.
+// The new rows k_new / v_new (fixed or variable length) and what they write.
+Status check_kvcache_new_rows(const KVCacheArgs& a, const KVCacheShape& s) {
   const bool has_k = a.k_new.defined(), has_v = a.v_new.defined();
   if (has_k != has_v)
     return Status::Invalid(std::string(has_k ? "k_new is set but v_new is not" : "v_new is set but k_new is not") +
                            "; expected both or neither");
+  if (!has_k) {
+    if (s.varlen_new)
+      return Status::Invalid("cu_seqlens_k_new is set but k_new / v_new are not; expected the new rows it describes");
+    return Status::Ok();
+  }
+  const Arg q{"q", &a.q, Role::kQ, false};
   const Arg kn{"k_new", &a.k_new, Role::kK, false};
   const Arg vn{"v_new", &a.v_new, Role::kV, false};
-  if (has_k) {
-    FLASH3_RETURN_IF_ERROR(check_ndim("k_new", a.k_new, 4, kNewDims));
-    FLASH3_RETURN_IF_ERROR(check_ndim("v_new", a.v_new, 4, kNewVDims));
-    FLASH3_RETURN_IF_ERROR(check_same_dtype(kn, q));
-    FLASH3_RETURN_IF_ERROR(check_same_dtype(vn, q));
-    const int64_t sn = a.k_new.shape[1];
-    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 0, b, "to match q.shape[0] (batch)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 2, hkv, "to match k_cache.shape[2] (num_heads_kv)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kNewDims, 3, d, "to match q.shape[3] (head_dim)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 0, b, "to match q.shape[0] (batch)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 1, sn, "to match k_new.shape[1] (seqlen_new)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 2, hkv, "to match k_cache.shape[2] (num_heads_kv)"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, kNewVDims, 3, dv, "to match v_cache.shape[3] (head_dim_v)"));
-    FLASH3_RETURN_IF_ERROR(check_layout(kn, false));
-    FLASH3_RETURN_IF_ERROR(check_layout(vn, false));
-    if (sn > capacity)
-      return Status::Invalid("k_new.shape[1] (seqlen_new) is " + std::to_string(sn) + "; expected <= " +
-                             capacity_label(a) + ": the cache is too small for the new rows");
-    if (a.cache_seqlens == nullptr)
-      return Status::Invalid("k_new is set but cache_seqlens is null; expected cache_seqlens (where the new rows go)");
-    // The caches are written: they must not share memory with what is read.
-    FLASH3_RETURN_IF_ERROR(check_written_layout("k_cache", a.k_cache, kCacheDims));
-    FLASH3_RETURN_IF_ERROR(check_written_layout("v_cache", a.v_cache, kCacheVDims));
-    const Arg kcw{"k_cache", &a.k_cache, Role::kK, true};
-    const Arg vcw{"v_cache", &a.v_cache, Role::kV, true};
-    FLASH3_RETURN_IF_ERROR(check_no_alias(kcw, {&q, &kn, &vn, &vcw}));
-    FLASH3_RETURN_IF_ERROR(check_no_alias(vcw, {&q, &kn, &vn}));
+  const int nd = s.varlen_new ? 3 : 4;
+  const char* const* kdims = s.varlen_new ? kNew3Dims : kNewDims;
+  const char* const* vdims = s.varlen_new ? kNew3VDims : kNewVDims;
+  FLASH3_RETURN_IF_ERROR(check_ndim("k_new", a.k_new, nd, kdims));
+  FLASH3_RETURN_IF_ERROR(check_ndim("v_new", a.v_new, nd, vdims));
+  FLASH3_RETURN_IF_ERROR(check_same_dtype(kn, q));
+  FLASH3_RETURN_IF_ERROR(check_same_dtype(vn, q));
+  const int H = nd - 2;
+  if (!s.varlen_new) {
+    FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kdims, 0, s.b, "to match the number of sequences"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, vdims, 0, s.b, "to match the number of sequences"));
   }
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, vdims, H - 1, a.k_new.shape[H - 1],
+                                      std::string("to match k_new.shape[") + std::to_string(H - 1) + "]"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kdims, H, s.hkv, "to match k_cache.shape[2] (num_heads_kv)"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, vdims, H, s.hkv, "to match k_cache.shape[2] (num_heads_kv)"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("k_new", a.k_new, kdims, H + 1, s.d, "to match q's head_dim"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("v_new", a.v_new, vdims, H + 1, s.dv, "to match v_cache.shape[3] (head_dim_v)"));
+  FLASH3_RETURN_IF_ERROR(check_layout(kn, s.varlen_new));
+  FLASH3_RETURN_IF_ERROR(check_layout(vn, s.varlen_new));
+  const int64_t sn = s.varlen_new ? 0 : a.k_new.shape[1];
+  if (sn > kvcache_capacity(a))
+    return Status::Invalid("k_new.shape[1] (seqlen_new) is " + std::to_string(sn) + "; expected <= " +
+                           capacity_label(a) + ": the cache is too small for the new rows");
+  if (a.cache_seqlens == nullptr)
+    return Status::Invalid("k_new is set but cache_seqlens is null; expected cache_seqlens (where the new rows go)");
+  if (s.varlen_new) FLASH3_RETURN_IF_ERROR(check_int_array("cu_seqlens_k_new", a.cu_seqlens_k_new));
+  // The caches are written: they must not share memory with what is read.
+  FLASH3_RETURN_IF_ERROR(check_written_layout("k_cache", a.k_cache, kCacheDims));
+  FLASH3_RETURN_IF_ERROR(check_written_layout("v_cache", a.v_cache, kCacheVDims));
+  const Arg kcw{"k_cache", &a.k_cache, Role::kK, true};
+  const Arg vcw{"v_cache", &a.v_cache, Role::kV, true};
+  FLASH3_RETURN_IF_ERROR(check_no_alias(kcw, {&q, &kn, &vn, &vcw}));
+  FLASH3_RETURN_IF_ERROR(check_no_alias(vcw, {&q, &kn, &vn}));
+  return Status::Ok();
+}
+
+// The rotary tables (they need new rows) and rotary_seqlens.
+Status check_kvcache_rotary(const KVCacheArgs& a, const KVCacheShape& s) {
   const bool has_cos = a.rotary_cos.defined(), has_sin = a.rotary_sin.defined();
   if (has_cos != has_sin)
     return Status::Invalid(std::string(has_cos ? "rotary_cos is set but rotary_sin is not" :
                                                  "rotary_sin is set but rotary_cos is not") +
                            "; expected both or neither");
-  if (has_cos) {
-    if (!has_k)
-      return Status::Invalid("rotary_cos / rotary_sin are set but k_new is not; expected k_new and v_new (rotary "
-                             "applies to the appended keys and to q)");
-    for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"rotary_cos", &a.rotary_cos},
-                                  std::pair<const char*, const TensorView*>{"rotary_sin", &a.rotary_sin}}) {
-      FLASH3_RETURN_IF_ERROR(check_ndim(name, *t, 2, kRotaryDims));
-      if (t->dtype != a.q.dtype)
-        return Status::Invalid(std::string(name) + ".dtype is " + dtype_str(t->dtype) + "; expected " +
-                               dtype_str(a.q.dtype) + " to match q.dtype");
-      FLASH3_RETURN_IF_ERROR(check_strides_nonnegative(name, *t, kRotaryDims));
-      FLASH3_RETURN_IF_ERROR(check_last_contiguous(name, *t, kRotaryDims));
-      FLASH3_RETURN_IF_ERROR(check_aligned(name, *t, dtype_size(t->dtype), ""));
-      FLASH3_RETURN_IF_ERROR(check_span_fits(name, *t));
-    }
-    const int64_t half = a.rotary_cos.shape[1];
-    if (half < 1 || 2 * half > d)
-      return Status::Invalid("rotary_cos.shape[1] (rotary_dim / 2) is " + std::to_string(half) + "; expected in [1, " +
-                             std::to_string(d / 2) + "] (rotary_dim <= q.shape[3], head_dim " + std::to_string(d) + ")");
-    FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 0, a.rotary_cos.shape[0],
-                                        "to match rotary_cos"));
-    FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 1, half, "to match rotary_cos"));
-    if (a.rotary_cos.shape[0] < capacity)
-      return Status::Invalid("rotary_cos.shape[0] (seqlen_ro) is " + std::to_string(a.rotary_cos.shape[0]) +
-                             "; expected >= " + capacity_label(a) + ": a position in the cache needs its row of "
-                             "the tables");
-  }
   if (a.rotary_seqlens != nullptr && !has_cos)
     return Status::Invalid("rotary_seqlens is set but rotary_cos / rotary_sin are not; expected the rotary tables");
-  if (a.lse.defined()) {
-    const Arg l{"lse", &a.lse, Role::kLse, true};
-    FLASH3_RETURN_IF_ERROR(check_ndim("lse", a.lse, 3, kLseDims));
-    FLASH3_RETURN_IF_ERROR(check_fp32(l));
-    const int64_t want[3] = {b, hq, sq};
-    for (int i = 0; i < 3; ++i)
-      FLASH3_RETURN_IF_ERROR(check_dim_is("lse", a.lse, kLseDims, i, want[i], "to match (q's batch, num_heads_q, seqlen_q)"));
-    FLASH3_RETURN_IF_ERROR(check_strides_nonnegative("lse", a.lse, kLseDims));
-    FLASH3_RETURN_IF_ERROR(check_aligned("lse", a.lse, 4, ""));
-    // The kernels write lse as (hq, b * sq): batch and seqlen_q rows one element apart.
-    TensorView rows = a.lse;
-    rows.stride[1] = rows.stride[2];
-    rows.shape[1] = rows.shape[2];
-    if (b * sq > 1 && merged_row_stride(rows, 0, 1) != 1)
-      return Status::Invalid("lse has strides " + stride_str(a.lse) + "; expected lse.stride[2] (seqlen_q) == 1 and "
-                             "lse.stride[0] (batch) == seqlen_q (" + std::to_string(sq) + "): forward_kvcache writes "
-                             "lse as (num_heads_q, batch * seqlen_q), e.g. a (batch, heads, seqlen_q) view of an "
-                             "(heads, batch, seqlen_q) buffer");
+  if (!has_cos) return Status::Ok();
+  if (!a.k_new.defined())
+    return Status::Invalid("rotary_cos / rotary_sin are set but k_new is not; expected k_new and v_new (rotary "
+                           "applies to the appended keys and to q)");
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"rotary_cos", &a.rotary_cos},
+                                std::pair<const char*, const TensorView*>{"rotary_sin", &a.rotary_sin}}) {
+    FLASH3_RETURN_IF_ERROR(check_ndim(name, *t, 2, kRotaryDims));
+    if (t->dtype != a.q.dtype)
+      return Status::Invalid(std::string(name) + ".dtype is " + dtype_str(t->dtype) + "; expected " +
+                             dtype_str(a.q.dtype) + " to match q.dtype");
+    FLASH3_RETURN_IF_ERROR(check_strides_nonnegative(name, *t, kRotaryDims));
+    FLASH3_RETURN_IF_ERROR(check_last_contiguous(name, *t, kRotaryDims));
+    FLASH3_RETURN_IF_ERROR(check_aligned(name, *t, dtype_size(t->dtype), ""));
+    FLASH3_RETURN_IF_ERROR(check_span_fits(name, *t));
   }
+  const int64_t half = a.rotary_cos.shape[1];
+  if (half < 1 || 2 * half > s.d)
+    return Status::Invalid("rotary_cos.shape[1] (rotary_dim / 2) is " + std::to_string(half) + "; expected in [1, " +
+                           std::to_string(s.d / 2) + "] (rotary_dim <= head_dim " + std::to_string(s.d) + ")");
+  FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 0, a.rotary_cos.shape[0],
+                                      "to match rotary_cos"));
+  FLASH3_RETURN_IF_ERROR(check_dim_is("rotary_sin", a.rotary_sin, kRotaryDims, 1, half, "to match rotary_cos"));
+  if (a.rotary_cos.shape[0] < kvcache_capacity(a))
+    return Status::Invalid("rotary_cos.shape[0] (seqlen_ro) is " + std::to_string(a.rotary_cos.shape[0]) +
+                           "; expected >= " + capacity_label(a) + ": a position in the cache needs its row of "
+                           "the tables");
+  return Status::Ok();
+}
+
+// lse: (b, hq, sq) with batch stride sq and row stride 1 (the kernels'
+// (hq, b * sq)), or for varlen queries (hq, total_q) with row stride 1.
+Status check_kvcache_lse(const KVCacheArgs& a, const KVCacheShape& s) {
+  if (!a.lse.defined()) return Status::Ok();
+  const Arg l{"lse", &a.lse, Role::kLse, true};
+  if (s.varlen_q) {
+    FLASH3_RETURN_IF_ERROR(check_ndim("lse", a.lse, 2, kLse2Dims));
+    FLASH3_RETURN_IF_ERROR(check_fp32(l));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("lse", a.lse, kLse2Dims, 0, s.hq, "to match q's num_heads_q"));
+    FLASH3_RETURN_IF_ERROR(check_dim_is("lse", a.lse, kLse2Dims, 1, s.total_q, "to match q.shape[0] (total_q)"));
+    FLASH3_RETURN_IF_ERROR(check_strides_nonnegative("lse", a.lse, kLse2Dims));
+    FLASH3_RETURN_IF_ERROR(check_aligned("lse", a.lse, 4, ""));
+    FLASH3_RETURN_IF_ERROR(check_span_fits("lse", a.lse));
+    if (s.total_q > 1 && a.lse.stride[1] != 1)
+      return Status::Invalid("lse.stride[1] (total_q) is " + std::to_string(a.lse.stride[1]) + "; expected 1");
+    return Status::Ok();
+  }
+  FLASH3_RETURN_IF_ERROR(check_ndim("lse", a.lse, 3, kLseDims));
+  FLASH3_RETURN_IF_ERROR(check_fp32(l));
+  const int64_t want[3] = {s.b, s.hq, s.sq};
+  for (int i = 0; i < 3; ++i)
+    FLASH3_RETURN_IF_ERROR(check_dim_is("lse", a.lse, kLseDims, i, want[i], "to match (q's batch, num_heads_q, seqlen_q)"));
+  FLASH3_RETURN_IF_ERROR(check_strides_nonnegative("lse", a.lse, kLseDims));
+  FLASH3_RETURN_IF_ERROR(check_aligned("lse", a.lse, 4, ""));
+  FLASH3_RETURN_IF_ERROR(check_span_fits("lse", a.lse));
+  // The kernels write lse as (hq, b * sq): batch and seqlen_q rows one element apart.
+  TensorView rows = a.lse;
+  rows.stride[1] = rows.stride[2];
+  rows.shape[1] = rows.shape[2];
+  if (s.b * s.sq > 1 && merged_row_stride(rows, 0, 1) != 1)
+    return Status::Invalid("lse has strides " + stride_str(a.lse) + "; expected lse.stride[2] (seqlen_q) == 1 and "
+                           "lse.stride[0] (batch) == seqlen_q (" + std::to_string(s.sq) + "): forward_kvcache writes "
+                           "lse as (num_heads_q, batch * seqlen_q), e.g. a (batch, heads, seqlen_q) view of an "
+                           "(heads, batch, seqlen_q) buffer");
+  return Status::Ok();
+}
+
+// What the kernels read while they write out, lse and (appending) the
+// caches: the int32 arrays, the page table and the rotary tables.
+Status check_kvcache_reads_not_written(const KVCacheArgs& a, const KVCacheShape& s) {
+  const TensorView seqlens = int_array_view(a.cache_seqlens, s.b);
+  const TensorView batch_idx = int_array_view(a.cache_batch_idx, s.b);
+  const TensorView leftpad = int_array_view(a.cache_leftpad, s.b);
+  const TensorView rot_seqlens = int_array_view(a.rotary_seqlens, s.b);
+  const TensorView cu_q = int_array_view(a.opts.cu_seqlens_q, s.b + 1);
+  const TensorView cu_new = int_array_view(a.cu_seqlens_k_new, s.b + 1);
+  TensorView pages = int_array_view(a.page_table, 0);
+  if (a.page_table != nullptr) {  // (rows, max_pages), rows page_table_batch_stride apart
+    pages.ndim = 2;
+    pages.shape[0] = page_table_rows(a, s);
+    pages.stride[0] = pages.shape[0] > 1 ? a.page_table_batch_stride : 0;
+    pages.shape[1] = a.page_table_max_pages;
+    pages.stride[1] = 1;
+    if (!check_span_fits("page_table", pages).ok())
+      return Status::Invalid("page_table_batch_stride is " + std::to_string(a.page_table_batch_stride) + " with " +
+                             std::to_string(pages.shape[0]) + " rows: the table's last entry lies past 2^63 bytes; "
+                             "expected a stride that fits in memory");
+  }
+  const Arg reads[] = {{"cache_seqlens", &seqlens, Role::kLse, false},  {"cache_batch_idx", &batch_idx, Role::kLse, false},
+                       {"cache_leftpad", &leftpad, Role::kLse, false},  {"rotary_seqlens", &rot_seqlens, Role::kLse, false},
+                       {"opts.cu_seqlens_q", &cu_q, Role::kLse, false}, {"cu_seqlens_k_new", &cu_new, Role::kLse, false},
+                       {"page_table", &pages, Role::kLse, false},       {"rotary_cos", &a.rotary_cos, Role::kLse, false},
+                       {"rotary_sin", &a.rotary_sin, Role::kLse, false}};
+  const Arg out{"out", &a.out, Role::kO, true};
+  const Arg lse{"lse", &a.lse, Role::kLse, true};
+  const Arg kc{"k_cache", &a.k_cache, Role::kK, true};
+  const Arg vc{"v_cache", &a.v_cache, Role::kV, true};
+  const bool appends = a.k_new.defined();
+  for (const Arg* w : {&out, &lse, &kc, &vc}) {
+    if ((w == &kc || w == &vc) && !appends) continue;
+    if (w == &lse && !a.lse.defined()) continue;
+    for (const Arg& r : reads) FLASH3_RETURN_IF_ERROR(check_no_alias(*w, {&r}));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace {
+// The calls that need the serving work not yet run on a GPU (CMake option
+// FLASH3_SERVING_WIP, off by default): kNotSupported naming it.
+Status check_kvcache_built(const KVCacheArgs& a, const KVCacheShape& s) {
+  if (FLASH3_SERVING_WIP) return Status::Ok();
+  const char* why = " (built without FLASH3_SERVING_WIP: that path has not run on a GPU yet)";
+  if (s.varlen_q) return Status::NotSupported(std::string("variable-length queries with a KV cache (opts.cu_seqlens_q)") + why);
+  if (s.varlen_new) return Status::NotSupported(std::string("variable-length new rows (cu_seqlens_k_new)") + why);
+  if (a.page_table != nullptr && a.cache_batch_idx != nullptr)
+    return Status::NotSupported(std::string("page_table together with cache_batch_idx") + why);
+  if (a.page_table != nullptr && a.cache_leftpad != nullptr)
+    return Status::NotSupported(std::string("page_table together with cache_leftpad") + why);
+  if (a.page_table != nullptr && a.page_table_rows != 0 && a.page_table_rows != s.b)
+    return Status::NotSupported("page_table_rows " + std::to_string(a.page_table_rows) + " other than the " +
+                                std::to_string(s.b) + " sequences" + why);
+  return Status::Ok();
+}
+}  // namespace
+
+Status check_kvcache_structure(const KVCacheArgs& a) {
+  FLASH3_RETURN_IF_ERROR(check_kvcache_options(a.opts));
+  const KVCacheShape s = kvcache_shape(a);
+  FLASH3_RETURN_IF_ERROR(check_kvcache_tensors(a, s));
+  FLASH3_RETURN_IF_ERROR(check_kvcache_new_rows(a, s));
+  FLASH3_RETURN_IF_ERROR(check_kvcache_rotary(a, s));
+  FLASH3_RETURN_IF_ERROR(check_kvcache_lse(a, s));
   for (const auto& [name, ptr] : {std::pair<const char*, const int*>{"cache_seqlens", a.cache_seqlens},
                                   {"cache_batch_idx", a.cache_batch_idx},
                                   {"cache_leftpad", a.cache_leftpad},
@@ -1422,6 +1712,9 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
   const Arg fl{"lse", &f.lse, Role::kLse, true};
   for (const Arg* t : {&fq, &fk, &fv, &fo}) FLASH3_RETURN_IF_ERROR(check_layout(*t, true));
   FLASH3_RETURN_IF_ERROR(check_limits(fq, fk, f.opts, true));
+  const Arg kn{"k_new", &a.k_new, Role::kK, false};
+  const Arg vn{"v_new", &a.v_new, Role::kV, false};
+  const bool has_k = a.k_new.defined();
   const Arg* kn_p = has_k ? &kn : &fq;
   const Arg* vn_p = has_k ? &vn : &fq;
   FLASH3_RETURN_IF_ERROR(check_no_alias(fo, {&fq, &fk, &fv, kn_p, vn_p}));
@@ -1429,10 +1722,25 @@ Status check_kvcache_structure(const KVCacheArgs& a) {
     FLASH3_RETURN_IF_ERROR(check_written_layout("lse", f.lse, dim_names(Role::kLse, true)));
     FLASH3_RETURN_IF_ERROR(check_no_alias(fl, {&fq, &fk, &fv, &fo, kn_p, vn_p}));
   }
-  return Status::Ok();
+  FLASH3_RETURN_IF_ERROR(check_kvcache_reads_not_written(a, s));
+  return check_kvcache_built(a, s);
 }
 
-bool kvcache_is_empty(const KVCacheArgs& a) { return a.q.shape[0] == 0; }
+bool kvcache_has_queries(const KVCacheArgs& a) {
+  const KVCacheShape s = kvcache_shape(a);
+  return s.b > 0 && s.total_q > 0 && s.sq > 0;
+}
+
+// Nothing to compute: no sequence, or no query row (fixed: seqlen_q 0 with
+// nothing to append; varlen: total_q 0 or max_seqlen_q 0, every sequence
+// empty by contract) and nothing to append.
+bool kvcache_is_empty(const KVCacheArgs& a) {
+  const KVCacheShape s = kvcache_shape(a);
+  if (s.b == 0) return true;
+  const bool no_queries = s.total_q == 0 || s.sq == 0;
+  const bool no_new_rows = !a.k_new.defined() || a.k_new.numel() == 0;
+  return no_queries && no_new_rows;
+}
 
 Status check_attention_options(const AttentionOptions& opts) { return check_options(opts); }
 
@@ -1469,13 +1777,20 @@ Status validate_kvcache(const KVCacheArgs& args) {
 }
 
 FwdParams make_kvcache_fwd_params(const KVCacheArgs& args) {
+  const KVCacheShape s = kvcache_shape(args);
   FwdParams p = lower_forward(kvcache_attention_args(args), true);
   p.kv_cache = true;
   p.seqused_k = args.cache_seqlens;
   p.kv_batch_idx = args.cache_batch_idx;
   p.leftpad_k = args.cache_leftpad;
   p.kv_rows_per_batch = static_cast<int>(kvcache_capacity(args));
-  p.seqlen_k_new = args.k_new.defined() ? static_cast<int>(args.k_new.shape[1]) : 0;
+  // Contiguous caches keep the prep kernel's tensor maps (TMA) until the gather
+  // is measured against them (docs/performance.md, "Paged caches").
+  p.kv_direct = false;
+  p.kv_entries = static_cast<int>(args.page_table != nullptr ? page_table_rows(args, s) : args.k_cache.shape[0]);
+  p.seqlen_k_new = args.k_new.defined() && !s.varlen_new ? static_cast<int>(args.k_new.shape[1]) : 0;
+  p.cu_seqlens_k_new = args.k_new.defined() ? args.cu_seqlens_k_new : nullptr;
+  p.total_k_new = p.cu_seqlens_k_new != nullptr ? static_cast<int>(args.k_new.shape[0]) : 0;
   if (args.page_table != nullptr) {
     p.page_table = args.page_table;
     p.page_table_batch_stride = args.page_table_batch_stride;
@@ -1485,21 +1800,18 @@ FwdParams make_kvcache_fwd_params(const KVCacheArgs& args) {
 }
 
 AppendKVParams make_append_params(const KVCacheArgs& a) {
+  const KVCacheShape s = kvcache_shape(a);
   AppendKVParams p;
   p.dtype = a.q.dtype;
-  p.batch = static_cast<int>(a.q.shape[0]);
-  p.heads_kv = static_cast<int>(a.k_cache.shape[2]);
-  p.head_dim = static_cast<int>(a.q.shape[3]);
-  p.head_dim_v = static_cast<int>(a.v_cache.shape[3]);
+  p.batch = static_cast<int>(s.b);
+  p.heads_kv = static_cast<int>(s.hkv);
+  p.head_dim = static_cast<int>(s.d);
+  p.head_dim_v = static_cast<int>(s.dv);
   p.k_cache = a.k_cache.data;
   p.v_cache = a.v_cache.data;
-  p.kc_batch_stride = lowered_stride(a.k_cache, 0);
-  p.kc_row_stride = lowered_stride(a.k_cache, 1);
-  p.kc_head_stride = lowered_stride(a.k_cache, 2);
-  p.vc_batch_stride = lowered_stride(a.v_cache, 0);
-  p.vc_row_stride = lowered_stride(a.v_cache, 1);
-  p.vc_head_stride = lowered_stride(a.v_cache, 2);
-  p.cache_batches = static_cast<int>(a.k_cache.shape[0]);
+  lower_strides(a.k_cache, false, &p.kc_batch_stride, &p.kc_row_stride, &p.kc_head_stride);
+  lower_strides(a.v_cache, false, &p.vc_batch_stride, &p.vc_row_stride, &p.vc_head_stride);
+  p.cache_batches = static_cast<int>(a.page_table != nullptr ? page_table_rows(a, s) : a.k_cache.shape[0]);
   p.cache_rows = static_cast<int>(kvcache_capacity(a));
   if (a.page_table != nullptr) {
     p.page_table = a.page_table;
@@ -1514,15 +1826,19 @@ AppendKVParams make_append_params(const KVCacheArgs& a) {
   p.cache_seqlens = a.cache_seqlens;
   p.cache_batch_idx = a.cache_batch_idx;
   if (a.k_new.defined()) {
-    p.seqlen_new = static_cast<int>(a.k_new.shape[1]);
     p.k_new = a.k_new.data;
     p.v_new = a.v_new.data;
-    p.kn_batch_stride = lowered_stride(a.k_new, 0);
-    p.kn_row_stride = lowered_stride(a.k_new, 1);
-    p.kn_head_stride = lowered_stride(a.k_new, 2);
-    p.vn_batch_stride = lowered_stride(a.v_new, 0);
-    p.vn_row_stride = lowered_stride(a.v_new, 1);
-    p.vn_head_stride = lowered_stride(a.v_new, 2);
+    // varlen_new: (total_new, hkv, d), every sequence's rows in one dimension.
+    lower_strides(a.k_new, s.varlen_new, &p.kn_batch_stride, &p.kn_row_stride, &p.kn_head_stride);
+    lower_strides(a.v_new, s.varlen_new, &p.vn_batch_stride, &p.vn_row_stride, &p.vn_head_stride);
+    if (s.varlen_new) {
+#if FLASH3_SERVING_WIP
+      p.cu_seqlens_new = a.cu_seqlens_k_new;
+      p.total_new = static_cast<int>(a.k_new.shape[0]);
+#endif
+    } else {
+      p.seqlen_new = static_cast<int>(a.k_new.shape[1]);
+    }
   }
   if (a.rotary_cos.defined()) {
     p.rotary_dim = static_cast<int>(2 * a.rotary_cos.shape[1]);
@@ -1534,17 +1850,22 @@ AppendKVParams make_append_params(const KVCacheArgs& a) {
     p.seqlen_ro = static_cast<int>(a.rotary_cos.shape[0]);
     p.rotary_seqlens = a.rotary_seqlens;
     p.q = a.q.data;
-    p.seqlen_q = static_cast<int>(a.q.shape[1]);
-    p.heads_q = static_cast<int>(a.q.shape[2]);
-    p.q_batch_stride = lowered_stride(a.q, 0);
-    p.q_row_stride = lowered_stride(a.q, 1);
-    p.q_head_stride = lowered_stride(a.q, 2);
-    // q_out: the caller's buffer, contiguous (b, sq, hq, d); set by forward_kvcache.
+    p.heads_q = static_cast<int>(s.hq);
+    lower_strides(a.q, s.varlen_q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);  // varlen: (total_q, hq, d)
+    if (s.varlen_q) {
+#if FLASH3_SERVING_WIP
+      p.cu_seqlens_q = a.opts.cu_seqlens_q;
+      p.total_q = static_cast<int>(s.total_q);
+#endif
+    } else {
+      p.seqlen_q = static_cast<int>(s.sq);
+    }
+    // q_out: the caller's buffer, contiguous rows (b * sq or total_q, hq, d); set by forward_kvcache.
     p.qo_head_stride = p.head_dim;
     p.qo_row_stride = int64_t(p.heads_q) * p.head_dim;
     p.qo_batch_stride = int64_t(p.seqlen_q) * p.qo_row_stride;
     FwdParams m;
-    apply_mask_options(a.opts, std::max(p.seqlen_q, 1), std::max(p.cache_rows, 1), &m);
+    apply_mask_options(a.opts, static_cast<int>(std::max<int64_t>(s.sq, 1)), std::max(p.cache_rows, 1), &m);
     p.q_positions_advance = m.is_causal || m.is_local;
   }
   return p;

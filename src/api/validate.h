@@ -55,6 +55,12 @@ Status check_kernel_built(bool forward_pass, DType dtype, int head_dim, int head
 // "bf16 64x64, bf16 128x128, ..." or "none".
 std::string built_kernels_list(bool forward_pass);
 
+// Layout checks shared with the other entry points' validation (quantize.cpp):
+// a written tensor's elements each have their own memory (name.stride[i] /
+// name.shape[i] in the messages), and a tensor's last byte offset fits in int64.
+Status check_written_tensor(const char* name, const TensorView& t);
+Status check_tensor_span(const char* name, const TensorView& t);
+
 // Step 4 (not affected by FLASH3_SKIP_DEVICE_CHECK: callers decide).
 // ptr must be device memory on the current device (or managed memory);
 // a null ptr is accepted (empty tensors).
@@ -82,6 +88,8 @@ CombineParams make_combine_params(const CombineArgs& args);
 // (batch 0: nothing to do), step 3 (kernel built), step 4 (pointers, sm_90).
 Status check_kvcache_structure(const KVCacheArgs& args);
 bool kvcache_is_empty(const KVCacheArgs& args);
+// Whether a structurally valid call has query rows to attend (it may only append).
+bool kvcache_has_queries(const KVCacheArgs& args);
 Status check_kvcache_device(const KVCacheArgs& args);
 // Lowering of validated KV-cache arguments: the attention's params (a varlen
 // problem with FwdParams::kv_cache set; workspace unset) and the append

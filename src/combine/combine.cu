@@ -7,8 +7,8 @@
 // the splits' LSEs (lane l reads splits l, l + 32, ...), compact the splits
 // that contribute (lse_s != -inf) with their weights exp(lse_s - lse) into
 // shared memory, then accumulate sum_s w_s * out_s over head_dim in float4
-// pieces (lane l owns float4 columns l, l + 32: head_dim <= 256 is at most 64
-// of them). The kernel is bound by the reads of out_partial (num_splits fp32
+// pieces (lane l owns float4 columns l, l + 32, ...: head_dim <= 512, FlashAttention-3's
+// MLA value dim, is at most 128 of them). The kernel is bound by the reads of out_partial (num_splits fp32
 // rows per output row); a split at -inf is never read, so the partial output
 // of an empty split may hold anything (FlashAttention-3 leaves it unwritten).
 #include "combine/combine.h"
@@ -202,7 +202,7 @@ Status launch_typed(const CombineParams& p, cudaStream_t stream) {
 Status launch_combine(const CombineParams& p, cudaStream_t stream) {
   if (int64_t(p.batch) * p.seqlen * p.heads == 0) return Status::Ok();
   // Validation's contract, re-checked: the kernel indexes fixed-size arrays with it.
-  if (p.num_splits < 1 || p.num_splits > kMaxCombineSplits || p.head_dim < 1 || p.head_dim > 256 ||
+  if (p.num_splits < 1 || p.num_splits > kMaxCombineSplits || p.head_dim < 1 || p.head_dim > kMaxCombineHeadDim ||
       p.head_dim % 4 != 0 || (p.seqs != nullptr && (p.batch != 1 || p.num_seqs < 0)))
     return {StatusCode::kInternal, "launch_combine: num_splits " + std::to_string(p.num_splits) + ", head_dim " +
                                        std::to_string(p.head_dim) + ", batch " + std::to_string(p.batch) +

@@ -65,10 +65,13 @@ struct KCase {
   int pack_gqa = -1;
   bool store_lse = true;
   uint64_t seed = 1;
-  int page_size = 0;       // 0: contiguous cache; else a paged one (never with batch_idx / leftpad)
+  int page_size = 0;       // 0: contiguous cache; else a paged one (with batch_idx / leftpad: FLASH3_SERVING_WIP)
   int table_pad = 0;       // paged: page_table_batch_stride = max_pages + table_pad (pad entries name a NaN page)
   int rows = 0;            // cache rows asked for (0: the fill's default)
   std::vector<int> fills;  // Fill::kFixed
+  // Variable-length queries / new rows (FLASH3_SERVING_WIP): b entries each,
+  // packed (cu_seqlens_q / cu_seqlens_k_new); empty: sq / sn rows each.
+  std::vector<int> q_lens, new_lens;
 
   int wanted_rows() const { return rows > 0 ? rows : (fill == Fill::k1023 ? 1023 + 32 : 160); }
   // Paged: pages per sequence, enough for wanted_rows().
@@ -88,6 +91,12 @@ struct KCase {
       for (int f : fills) os << (f == INT_MAX ? std::string(":full") : ":" + std::to_string(f));
     }
     if (rows > 0) os << " rows" << rows;
+    for (const auto& [tag, lens] : {std::pair<const char*, const std::vector<int>*>{" qlens", &q_lens},
+                                    {" newlens", &new_lens}}) {
+      if (lens->empty()) continue;
+      os << tag;
+      for (int n : *lens) os << ":" << n;
+    }
     if (page_size > 0) os << " page" << page_size << "x" << max_pages() << (table_pad ? " tpad" : "");
     if (!store_lse) os << " nolse";
     os << " seed" << seed;
@@ -143,15 +152,16 @@ Paging make_paging(const KCase& c) {
   Paging pg;
   pg.page_size = c.page_size;
   pg.max_pages = c.max_pages();
-  pg.num_pages = c.b * pg.max_pages + 3;  // + 3 pages no sequence uses
+  const int entries = c.cache_batches();  // one table row per cache entry
+  pg.num_pages = entries * pg.max_pages + 3;  // + 3 pages no entry uses
   pg.batch_stride = pg.max_pages + c.table_pad;
   std::mt19937_64 prng(c.seed ^ 0x9a6ed0cafe5eedull);
   std::vector<int> order(size_t(pg.num_pages));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), prng);
-  pg.table.assign(size_t(c.b) * size_t(pg.batch_stride), 0);
+  pg.table.assign(size_t(entries) * size_t(pg.batch_stride), 0);
   pg.referenced.assign(size_t(pg.num_pages), 0);
-  for (int i = 0; i < c.b; ++i) {
+  for (int i = 0; i < entries; ++i) {
     for (int j = 0; j < pg.max_pages; ++j) {
       const int page = order[size_t(i) * pg.max_pages + j];
       pg.table[size_t(i) * size_t(pg.batch_stride) + j] = page;
@@ -160,7 +170,7 @@ Paging make_paging(const KCase& c) {
     // Padding between table rows: never part of a sequence's table; it names
     // an unreferenced (NaN) page, so reading it poisons the output.
     for (int j = pg.max_pages; j < pg.batch_stride; ++j)
-      pg.table[size_t(i) * size_t(pg.batch_stride) + j] = order[size_t(c.b) * pg.max_pages + size_t(j % 3)];
+      pg.table[size_t(i) * size_t(pg.batch_stride) + j] = order[size_t(entries) * pg.max_pages + size_t(j % 3)];
   }
   return pg;
 }
@@ -204,18 +214,36 @@ bool is_packgqa_not_built(const flash3::Status& st) {
 void run_case(const KCase& c, Tally& tally) {
   SCOPED_TRACE(c.name());
   const bool paged = c.page_size > 0;
-  ASSERT_FALSE(paged && (c.batch_idx || c.leftpad)) << "test bug: paged caches take no batch_idx / leftpad";
+  const bool var_q = !c.q_lens.empty(), var_new = !c.new_lens.empty();
+  const bool wip = (paged && (c.batch_idx || c.leftpad)) || var_q || var_new;
+  ASSERT_TRUE(!wip || flash3::serving_wip_built()) << "test bug: a FLASH3_SERVING_WIP case in a build without it";
   ASSERT_TRUE(c.fill != Fill::kFixed || !c.fills.empty()) << "test bug: Fill::kFixed without fills";
+  ASSERT_TRUE(!var_q || int(c.q_lens.size()) == c.b) << "test bug: q_lens needs b entries";
+  ASSERT_TRUE(!var_new || int(c.new_lens.size()) == c.b) << "test bug: new_lens needs b entries";
   std::mt19937_64 rng(c.seed);
   const DType t = c.dtype;
   const int b = c.b, sq = c.sq, hq = c.hq, hkv = c.hkv, d = c.d, dv = c.dv, sn = c.sn;
+  // Sequence i: sqs[i] query rows from row qoff[i] of q, sns[i] new rows from
+  // row noff[i] of k_new / v_new (fixed length: sq / sn each, packed).
+  std::vector<int> sqs(b), sns(b), qoff(b + 1, 0), noff(b + 1, 0);
+  for (int i = 0; i < b; ++i) {
+    sqs[i] = var_q ? c.q_lens[size_t(i)] : sq;
+    sns[i] = var_new ? c.new_lens[size_t(i)] : sn;
+    qoff[i + 1] = qoff[i] + sqs[i];
+    noff[i + 1] = noff[i] + sns[i];
+  }
+  const int total_new = noff[b];
+  // q / out rows: varlen adds 3 rows no sequence covers (out / lse there must
+  // keep their poison).
+  const int q_rows = qoff[b] + (var_q ? 3 : 0);
+  const bool has_new = var_new ? total_new > 0 : sn > 0;
   // sc: rows of a sequence's (logical) cache; for a paged cache its capacity.
   const int bc = c.cache_batches(), sc = c.cache_rows(), rd = c.rotary_dim();
-  std::vector<double> q = random_values(t, size_t(b) * sq * hq * d, rng);
+  std::vector<double> q = random_values(t, size_t(q_rows) * hq * d, rng);
   std::vector<double> kc = random_values(t, size_t(bc) * sc * hkv * d, rng);
   std::vector<double> vc = random_values(t, size_t(bc) * sc * hkv * dv, rng);
-  std::vector<double> kn = random_values(t, size_t(b) * sn * hkv * d, rng);
-  std::vector<double> vn = random_values(t, size_t(b) * sn * hkv * dv, rng);
+  std::vector<double> kn = random_values(t, size_t(total_new) * hkv * d, rng);
+  std::vector<double> vn = random_values(t, size_t(total_new) * hkv * dv, rng);
   // Tables: angle pos * 10000^(-2j / rd), rounded to the dtype.
   const int seqlen_ro = sc;
   std::vector<double> cos_t(size_t(seqlen_ro) * std::max(rd / 2, 1)), sin_t(cos_t.size());
@@ -231,7 +259,7 @@ void run_case(const KCase& c, Tally& tally) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   for (int i = 0; i < b; ++i) {
-    const int room = sc - sn;
+    const int room = sc - sns[i];
     switch (c.fill) {
       case Fill::kEmpty: seqlens[i] = 0; break;
       case Fill::kOne: seqlens[i] = 1; break;
@@ -242,19 +270,19 @@ void run_case(const KCase& c, Tally& tally) {
     seqlens[i] = std::min(seqlens[i], room);
     idx[i] = c.batch_idx ? perm[i] : i;
     if (c.leftpad) lpad[i] = int(rng() % uint64_t(seqlens[i] + 1));
-    rseq[i] = int(rng() % uint64_t(sc - sn + 1));
+    rseq[i] = int(rng() % uint64_t(sc - sns[i] + 1));
   }
   const Paging pg = paged ? make_paging(c) : Paging{};
 
   // Device.
-  DeviceBuffer dq, dkc, dvc, dkn, dvn, dcos, dsin, dout, dlse, dseq, didx, dlpad, drseq, dtable;
+  DeviceBuffer dq, dkc, dvc, dkn, dvn, dcos, dsin, dout, dlse, dseq, didx, dlpad, drseq, dtable, dcuq, dcun;
   upload(dq, to_bits(t, q));
   // The k / v initial bits as uploaded: the logical cache, or its pool.
-  const std::vector<uint16_t> kc0 = paged ? scatter_to_pool(pg, b, sc, hkv * d, to_bits(t, kc)) : to_bits(t, kc);
-  const std::vector<uint16_t> vc0 = paged ? scatter_to_pool(pg, b, sc, hkv * dv, to_bits(t, vc)) : to_bits(t, vc);
+  const std::vector<uint16_t> kc0 = paged ? scatter_to_pool(pg, bc, sc, hkv * d, to_bits(t, kc)) : to_bits(t, kc);
+  const std::vector<uint16_t> vc0 = paged ? scatter_to_pool(pg, bc, sc, hkv * dv, to_bits(t, vc)) : to_bits(t, vc);
   upload(dkc, kc0);
   upload(dvc, vc0);
-  if (sn > 0) {
+  if (has_new) {
     upload(dkn, to_bits(t, kn));
     upload(dvn, to_bits(t, vn));
   }
@@ -267,25 +295,39 @@ void run_case(const KCase& c, Tally& tally) {
   upload(dlpad, lpad);
   upload(drseq, rseq);
   if (paged) upload(dtable, pg.table);
-  const size_t o_elems = size_t(b) * sq * hq * dv, lse_elems = size_t(b) * hq * sq;
+  if (var_q) upload(dcuq, qoff);
+  if (var_new) upload(dcun, noff);
+  const size_t o_elems = size_t(q_rows) * hq * dv, lse_elems = size_t(q_rows) * hq;
   ASSERT_EQ(dout.reserve(o_elems * 2), cudaSuccess);
   ASSERT_EQ(cudaMemset(dout.ptr, 0xff, o_elems * 2), cudaSuccess);  // NaN poison
   ASSERT_EQ(dlse.reserve(lse_elems * 4), cudaSuccess);
   ASSERT_EQ(cudaMemset(dlse.ptr, 0xff, lse_elems * 4), cudaSuccess);
 
   flash3::KVCacheArgs a;
-  a.q = view4(dq.ptr, t, b, sq, hq, d);
+  if (var_q) {
+    a.q = TensorView::make3d(dq.ptr, t, q_rows, hq, d, int64_t(hq) * d, d, 1);
+    a.opts.cu_seqlens_q = dcuq.as<int>();
+    a.opts.max_seqlen_q = *std::max_element(sqs.begin(), sqs.end());
+    a.opts.num_sequences = b;
+  } else {
+    a.q = view4(dq.ptr, t, b, sq, hq, d);
+  }
   if (paged) {
     a.k_cache = view4(dkc.ptr, t, pg.num_pages, pg.page_size, hkv, d);
     a.v_cache = view4(dvc.ptr, t, pg.num_pages, pg.page_size, hkv, dv);
     a.page_table = dtable.as<int>();
     a.page_table_batch_stride = pg.batch_stride;
     a.page_table_max_pages = pg.max_pages;
+    if (c.batch_idx) a.page_table_rows = bc;  // a row per cache entry, picked by cache_batch_idx
   } else {
     a.k_cache = view4(dkc.ptr, t, bc, sc, hkv, d);
     a.v_cache = view4(dvc.ptr, t, bc, sc, hkv, dv);
   }
-  if (sn > 0) {
+  if (var_new && has_new) {
+    a.k_new = TensorView::make3d(dkn.ptr, t, total_new, hkv, d, int64_t(hkv) * d, d, 1);
+    a.v_new = TensorView::make3d(dvn.ptr, t, total_new, hkv, dv, int64_t(hkv) * dv, dv, 1);
+    a.cu_seqlens_k_new = dcun.as<int>();
+  } else if (has_new) {
     a.k_new = view4(dkn.ptr, t, b, sn, hkv, d);
     a.v_new = view4(dvn.ptr, t, b, sn, hkv, dv);
   }
@@ -299,11 +341,19 @@ void run_case(const KCase& c, Tally& tally) {
   a.cache_seqlens = dseq.as<int>();
   if (c.batch_idx) a.cache_batch_idx = didx.as<int>();
   if (c.leftpad) a.cache_leftpad = dlpad.as<int>();
-  a.out = view4(dout.ptr, t, b, sq, hq, dv);
-  if (c.store_lse) {
-    // (b, hq, sq) view of an (hq, b, sq) buffer.
-    a.lse = TensorView::make4d(dlse.ptr, DType::kFloat32, b, hq, sq, 1, sq, int64_t(b) * sq, 1, 1);
-    a.lse.ndim = 3;
+  if (var_q) {
+    a.out = TensorView::make3d(dout.ptr, t, q_rows, hq, dv, int64_t(hq) * dv, dv, 1);
+    if (c.store_lse) {  // (hq, total_q)
+      const int64_t sh[2] = {hq, q_rows};
+      a.lse = TensorView::contiguous(dlse.ptr, DType::kFloat32, 2, sh);
+    }
+  } else {
+    a.out = view4(dout.ptr, t, b, sq, hq, dv);
+    if (c.store_lse) {
+      // (b, hq, sq) view of an (hq, b, sq) buffer.
+      a.lse = TensorView::make4d(dlse.ptr, DType::kFloat32, b, hq, sq, 1, sq, int64_t(b) * sq, 1, 1);
+      a.lse.ndim = 3;
+    }
   }
   a.opts.causal = c.mask == MaskKind::kCausal;
   if (c.mask == MaskKind::kWindow) {
@@ -313,7 +363,7 @@ void run_case(const KCase& c, Tally& tally) {
   a.opts.num_splits = c.num_splits;
   a.opts.pack_gqa = c.pack_gqa;
   const flash3::Status st = flash3::forward_kvcache(a, nullptr);
-  if (paged && is_packgqa_not_built(st)) {
+  if ((paged || wip) && is_packgqa_not_built(st)) {
     ++tally.skipped;
     tally.why = st.message;
     return;
@@ -335,13 +385,33 @@ void run_case(const KCase& c, Tally& tally) {
   s.interleaved = c.rotary == Rotary::kInterleaved;
   s.seqlen_ro = seqlen_ro;
   const int* rs = (rd > 0 && c.rotary_seqlens) ? rseq.data() : nullptr;
-  if (sn > 0)
-    flash3::ref::append_kv(lowp(t), s, kn.data(), vn.data(), seqlens.data(), c.batch_idx ? idx.data() : nullptr, rs,
-                           cos_t.data(), sin_t.data(), kc.data(), vc.data());
   std::vector<double> qr = q;
-  if (rd > 0)
-    flash3::ref::rotary_q(lowp(t), s, sq, hq, q.data(), seqlens.data(), rs, c.mask != MaskKind::kNone, cos_t.data(),
-                          sin_t.data(), qr.data());
+  if (!var_q && !var_new) {
+    if (sn > 0)
+      flash3::ref::append_kv(lowp(t), s, kn.data(), vn.data(), seqlens.data(), c.batch_idx ? idx.data() : nullptr, rs,
+                             cos_t.data(), sin_t.data(), kc.data(), vc.data());
+    if (rd > 0)
+      flash3::ref::rotary_q(lowp(t), s, sq, hq, q.data(), seqlens.data(), rs, c.mask != MaskKind::kNone, cos_t.data(),
+                            sin_t.data(), qr.data());
+  } else {
+    // Variable lengths: the same references one sequence at a time, on its
+    // own rows and its own cache entry.
+    for (int i = 0; i < b; ++i) {
+      flash3::ref::AppendKVShape s1 = s;
+      s1.batch = 1;
+      s1.seqlen_new = sns[i];
+      s1.cache_batches = 1;
+      const int* rs1 = rs ? &rseq[size_t(i)] : nullptr;
+      const size_t e = size_t(idx[i]);
+      if (sns[i] > 0)
+        flash3::ref::append_kv(lowp(t), s1, &kn[size_t(noff[i]) * hkv * d], &vn[size_t(noff[i]) * hkv * dv],
+                               &seqlens[size_t(i)], nullptr, rs1, cos_t.data(), sin_t.data(), &kc[e * sc * hkv * d],
+                               &vc[e * sc * hkv * dv]);
+      if (rd > 0 && sqs[i] > 0)
+        flash3::ref::rotary_q(lowp(t), s1, sqs[i], hq, &q[size_t(qoff[i]) * hq * d], &seqlens[size_t(i)], rs1,
+                              c.mask != MaskKind::kNone, cos_t.data(), sin_t.data(), &qr[size_t(qoff[i]) * hq * d]);
+    }
+  }
 
   // The caches, bit for bit (paged: the pool read back in logical order, and
   // the unreferenced pages untouched).
@@ -352,7 +422,7 @@ void run_case(const KCase& c, Tally& tally) {
     const std::vector<uint16_t> want = to_bits(t, which ? vc : kc);
     std::vector<uint16_t> raw(init.size());
     ASSERT_EQ(cudaMemcpy(raw.data(), which ? dvc.ptr : dkc.ptr, raw.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    const std::vector<uint16_t> got = paged ? gather_from_pool(pg, b, sc, row_elems, raw) : raw;
+    const std::vector<uint16_t> got = paged ? gather_from_pool(pg, bc, sc, row_elems, raw) : raw;
     ASSERT_EQ(got.size(), want.size());
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < got.size(); ++i)
@@ -379,10 +449,11 @@ void run_case(const KCase& c, Tally& tally) {
   ASSERT_EQ(cudaMemcpy(lse_got.data(), dlse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   std::vector<double> o_all, o_ref, o_low, l_all, l_ref, l_low;
   for (int i = 0; i < b; ++i) {
-    const int e = idx[i], lo = lpad[i], hi = seqlens[i] + sn, sk = hi - lo;
+    const int e = idx[i], lo = lpad[i], hi = seqlens[i] + sns[i], sk = hi - lo, sq1 = sqs[i];
+    if (sq1 == 0) continue;
     flash3::ref::Problem p;
     p.batch = 1;
-    p.seqlen_q = sq;
+    p.seqlen_q = sq1;
     p.seqlen_k = sk;
     p.heads_q = hq;
     p.heads_kv = hkv;
@@ -393,26 +464,36 @@ void run_case(const KCase& c, Tally& tally) {
       std::copy_n(&kc[(size_t(e) * sc + lo + r) * hkv * d], size_t(hkv) * d, &k1[size_t(r) * hkv * d]);
       std::copy_n(&vc[(size_t(e) * sc + lo + r) * hkv * dv], size_t(hkv) * dv, &v1[size_t(r) * hkv * dv]);
     }
-    const double* q1 = &qr[size_t(i) * sq * hq * d];
+    const double* q1 = &qr[size_t(qoff[i]) * hq * d];
     flash3::ref::Options o;
     o.causal = a.opts.causal;
     o.window_left = a.opts.window_left;
     o.window_right = a.opts.window_right;
-    std::vector<double> out(size_t(sq) * hq * dv), lse(size_t(hq) * sq), outl(out.size()), lsel(lse.size());
+    std::vector<double> out(size_t(sq1) * hq * dv), lse(size_t(hq) * sq1), outl(out.size()), lsel(lse.size());
     flash3::ref::forward(p, o, q1, k1.data(), v1.data(), out.data(), lse.data());
     flash3::ref::forward_lowp(lowp(t), p, o, q1, k1.data(), v1.data(), outl.data(), lsel.data());
     for (size_t j = 0; j < out.size(); ++j) {
-      o_all.push_back(half_bits_to_float(t, out_bits[size_t(i) * sq * hq * dv + j]));
+      o_all.push_back(half_bits_to_float(t, out_bits[size_t(qoff[i]) * hq * dv + j]));
       o_ref.push_back(out[j]);
       o_low.push_back(outl[j]);
     }
     for (int h = 0; h < hq; ++h)
-      for (int r = 0; r < sq; ++r) {
-        // lse buffer (hq, b, sq); the reference's (1, hq, sq).
-        l_all.push_back(lse_got[(size_t(h) * b + i) * sq + r]);
-        l_ref.push_back(lse[size_t(h) * sq + r]);
-        l_low.push_back(lsel[size_t(h) * sq + r]);
+      for (int r = 0; r < sq1; ++r) {
+        // lse buffer (hq, q_rows): fixed length (hq, b, sq); the reference's (1, hq, sq1).
+        l_all.push_back(lse_got[size_t(h) * q_rows + qoff[i] + r]);
+        l_ref.push_back(lse[size_t(h) * sq1 + r]);
+        l_low.push_back(lsel[size_t(h) * sq1 + r]);
       }
+  }
+  // Varlen: the rows no sequence covers keep their poison.
+  for (int r = qoff[b]; r < q_rows; ++r) {
+    for (size_t j = 0; j < size_t(hq) * dv; ++j)
+      ASSERT_EQ(out_bits[size_t(r) * hq * dv + j], 0xffffu) << "out row " << r << " (past cu_seqlens_q[b]) written";
+    for (int h = 0; h < hq && c.store_lse; ++h) {
+      uint32_t bits;
+      std::memcpy(&bits, &lse_got[size_t(h) * q_rows + r], 4);
+      ASSERT_EQ(bits, 0xffffffffu) << "lse row " << r << " (past cu_seqlens_q[b]) written";
+    }
   }
   const auto co = flash3::ref::check_close(o_all.data(), o_ref.data(), o_low.data(), o_all.size(), 1e-5);
   EXPECT_TRUE(co.ok) << "out: err " << co.err << " bound " << co.bound << " nan " << co.nan_count;
@@ -598,6 +679,87 @@ TEST(KVCacheGpu, PagedCorners) {
     }
   }
   if (tally.ran == 0) GTEST_SKIP() << "every case skipped: " << tally.why;
+  if (tally.skipped > 0)
+    std::cout << "[   NOTE   ] " << tally.skipped << " cases skipped (" << tally.ran << " ran): " << tally.why << "\n";
+}
+
+// FLASH3_SERVING_WIP: variable-length queries and new rows (the call vLLM and
+// SGLang make: a batch mixing prefill chunks and decode tokens, each
+// sequence's new rows its own queries' keys), on contiguous and paged caches,
+// and paged caches with cache_batch_idx / cache_leftpad. 16:2 heads: 130
+// query rows are 1040 packed rows, several tiles of one sequence (the prep
+// kernel's tile map with gathered K/V). Skipped in builds without it.
+TEST(KVCacheGpu, ServingWip) {
+  FLASH3_SKIP_WITHOUT_HOPPER();
+  if (!flash3::serving_wip_built()) GTEST_SKIP() << "built without FLASH3_SERVING_WIP";
+  Tally tally;
+  uint64_t seed = 4000;
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    for (HeadDims h : kv_head_dims()) {
+      if (!built(t, h)) continue;
+      for (int ps : {0, 1, 16, 64}) {
+        for (int variant = 0; variant < 6; ++variant) {
+          KCase c;
+          c.dtype = t;
+          c.d = h.d;
+          c.dv = h.dv;
+          c.hq = 16;
+          c.hkv = 2;
+          c.b = 5;
+          c.page_size = ps;
+          c.rows = 400;
+          c.seed = seed++;
+          switch (variant) {
+            case 0:  // prefill chunks and decode tokens, causal, rotary, split heuristic
+              c.q_lens = {1, 7, 0, 130, 1};
+              c.new_lens = c.q_lens;
+              c.mask = MaskKind::kCausal;
+              c.rotary = Rotary::kHalf;
+              c.num_splits = 0;
+              break;
+            case 1:  // decode only in the varlen layout, 3 splits
+              c.q_lens = {1, 1, 1, 1, 1};
+              c.new_lens = c.q_lens;
+              c.mask = MaskKind::kCausal;
+              c.rotary = Rotary::kInterleaved;
+              c.num_splits = 3;
+              break;
+            case 2:  // varlen q, fixed new rows, window, leftpad, cache index
+              c.q_lens = {3, 0, 64, 2, 9};
+              c.sn = 2;
+              c.mask = MaskKind::kWindow;
+              c.leftpad = true;
+              c.batch_idx = true;
+              break;
+            case 3:  // fixed q, varlen new rows (some sequences none), rotary positions given
+              c.sq = 4;
+              c.new_lens = {0, 1, 17, 3, 0};
+              c.mask = MaskKind::kCausal;
+              c.rotary = Rotary::kHalf;
+              c.rotary_seqlens = true;
+              c.batch_idx = true;
+              break;
+            case 4:  // no query rows at all (max_seqlen_q 0): the append only
+              c.q_lens = {0, 0, 0, 0, 0};
+              c.new_lens = {2, 0, 5, 1, 3};
+              break;
+            case 5:  // fixed lengths with cache index and leftpad (paged: the WIP row map)
+              c.sq = 2;
+              c.sn = 1;
+              c.leftpad = true;
+              c.batch_idx = true;
+              c.pack_gqa = 0;
+              c.mask = MaskKind::kCausal;
+              c.rotary = Rotary::kInterleaved;
+              break;
+          }
+          run_case(c, tally);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+  if (tally.ran == 0) GTEST_SKIP() << (tally.skipped > 0 ? "every case skipped: " + tally.why : "no kernel built");
   if (tally.skipped > 0)
     std::cout << "[   NOTE   ] " << tally.skipped << " cases skipped (" << tally.ran << " ran): " << tally.why << "\n";
 }

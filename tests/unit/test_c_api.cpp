@@ -263,7 +263,7 @@ TEST_F(CApi, VarlenBackwardEmptyIsOk) {
 
 TEST_F(CApi, VersionString) {
   ASSERT_NE(flash3_version(), nullptr);
-  EXPECT_STREQ(flash3_version(), "0.1.0");
+  EXPECT_STREQ(flash3_version(), FLASH3_VERSION_STRING);
   EXPECT_STREQ(flash3_version(), flash3::version());
 }
 
@@ -518,6 +518,8 @@ const int32_t* fake_int32(uintptr_t addr) { return reinterpret_cast<const int32_
 
 // The layout before the paged-KV fields, which ended at rotary_seqlens.
 constexpr uint32_t kPrePagedKVCacheArgsSize = static_cast<uint32_t>(offsetof(flash3_kvcache_args, page_table));
+// The layout ending at page_table_max_pages (before page_table_rows / cu_seqlens_k_new).
+constexpr uint32_t kPagedKVCacheArgsSize = static_cast<uint32_t>(offsetof(flash3_kvcache_args, cu_seqlens_k_new));
 
 TEST_F(CApi, KVCachePagedFieldsAreAppended) {
   EXPECT_EQ(offsetof(flash3_kvcache_args, rotary_seqlens) + sizeof(const int32_t*),
@@ -537,7 +539,8 @@ TEST_F(CApi, KVCacheOlderStructSizeIsAccepted) {
   KVCache e(0);
   e.args.cache_batch_idx = fake_int32(0x6000100);
   EXPECT_EQ(e.run(), FLASH3_OK) << last_error();
-  e.page();  // page_table with cache_batch_idx: not supported, from this header's struct
+  e.page();  // a page table of no columns: invalid, from this header's struct
+  e.args.page_table_max_pages = 0;
   EXPECT_NE(e.run(), FLASH3_OK);
   EXPECT_TRUE(contains(last_error(), "page_table")) << last_error();
   // A caller built against the older header: the bytes past its struct_size (here the same
@@ -549,7 +552,7 @@ TEST_F(CApi, KVCacheOlderStructSizeIsAccepted) {
   // keeps anything from being launched), page_table never mentioned.
   KVCache f;
   f.page();
-  f.args.cache_batch_idx = fake_int32(0x6000100);
+  f.args.page_table_max_pages = 0;
   f.args.struct_size = kPrePagedKVCacheArgsSize;
   f.out.dtype = FLASH3_FP16;
   EXPECT_EQ(f.run(), FLASH3_INVALID_ARGUMENT);
@@ -562,13 +565,24 @@ TEST_F(CApi, KVCacheOlderStructSizeIsAccepted) {
   const size_t contiguous = flash3_kvcache_workspace_size(&w.args, nullptr);
   EXPECT_GT(contiguous, 0u);  // the per-sequence maps of the lowered varlen attention
   w.page();
-  w.args.cache_batch_idx = fake_int32(0x6000100);
-  EXPECT_EQ(flash3_kvcache_workspace_size(&w.args, nullptr), 0u);  // paged with cache_batch_idx: malformed
+  w.args.page_table_max_pages = 0;
+  EXPECT_EQ(flash3_kvcache_workspace_size(&w.args, nullptr), 0u);  // a page table of no columns: malformed
   w.args.struct_size = kPrePagedKVCacheArgsSize;
   EXPECT_EQ(flash3_kvcache_workspace_size(&w.args, nullptr), contiguous);
 
-  // Other sizes stay rejected, naming both accepted ones.
-  for (uint32_t bad : {0u, 8u, kPrePagedKVCacheArgsSize - 8, kPrePagedKVCacheArgsSize + 4,
+  // The layout ending at page_table_max_pages (before page_table_rows and
+  // cu_seqlens_k_new): its paged fields are read, the later ones are not (a
+  // page_table_rows the caller never wrote would be an error).
+  KVCache g(0);
+  g.page();
+  g.args.page_table_rows = -7;
+  EXPECT_NE(g.run(), FLASH3_OK);
+  EXPECT_TRUE(contains(last_error(), "page_table_rows")) << last_error();
+  g.args.struct_size = kPagedKVCacheArgsSize;
+  EXPECT_EQ(g.run(), FLASH3_OK) << last_error();
+
+  // Other sizes stay rejected, naming the accepted ones.
+  for (uint32_t bad : {0u, 8u, kPrePagedKVCacheArgsSize - 8, kPrePagedKVCacheArgsSize + 4, kPagedKVCacheArgsSize + 4,
                        static_cast<uint32_t>(sizeof(flash3_kvcache_args)) + 8}) {
     KVCache b(0);
     b.args.struct_size = bad;
@@ -587,17 +601,17 @@ TEST_F(CApi, KVCachePageTableReachesValidation) {
   {
     KVCache f;
     f.page();
-    f.args.cache_batch_idx = fake_int32(0x6000100);
+    f.args.page_table_rows = -1;
     EXPECT_NE(f.run(), FLASH3_OK);
-    EXPECT_TRUE(contains(last_error(), "page_table") && contains(last_error(), "cache_batch_idx")) << last_error();
+    EXPECT_TRUE(contains(last_error(), "page_table_rows")) << last_error();
     EXPECT_TRUE(contains(last_error(), "flash3_forward_kvcache")) << last_error();
   }
   {
-    KVCache f;
-    f.page();
-    f.args.cache_leftpad = fake_int32(0x6000100);
+    KVCache f;  // page_table_rows without a page table
+    f.args.page_table_rows = 3;
     EXPECT_NE(f.run(), FLASH3_OK);
-    EXPECT_TRUE(contains(last_error(), "page_table") && contains(last_error(), "cache_leftpad")) << last_error();
+    EXPECT_TRUE(contains(last_error(), "page_table_rows") && contains(last_error(), "page_table is null"))
+        << last_error();
   }
   {
     KVCache f;

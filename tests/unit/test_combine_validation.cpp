@@ -204,11 +204,17 @@ TEST_F(CombineValidation, NumSplitsAndHeadDim) {
     p.splits = bad;
     expect_rejected(make_args(p), {"out_partial.shape[0] (num_splits) is " + std::to_string(bad) + "; expected 1 to 256"});
   }
-  for (int64_t bad : {0, 2, 6, 65, 260}) {
+  for (int64_t bad : {0, 2, 6, 65, 516, 1024}) {
     Dims p;
     p.d = bad;
     expect_rejected(make_args(p), {"unsupported head dim", "out_partial.shape[4] (head_dim) is " + std::to_string(bad),
-                                   "multiple of 4 in [4, 256]"});
+                                   "multiple of 4 in [4, 512]"});
+  }
+  // Up to FlashAttention-3's MLA value dim (512).
+  for (int64_t good : {4, 260, 384, 512}) {
+    Dims p;
+    p.d = good;
+    EXPECT_TRUE(IsOk(flash3::check_combine_structure(make_args(p)))) << good;
   }
 }
 

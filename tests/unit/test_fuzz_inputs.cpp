@@ -2111,6 +2111,11 @@ TEST_F(FuzzInputs, DocumentedValuesAccepted) {
     (which == 0 ? a.cache_batch_idx : a.cache_leftpad) = fake_int(0x6000100);
     const Status s = flash3::check_kvcache_structure(a);
     ++n;
+    if (!FLASH3_SERVING_WIP) {  // accepted by the build with the serving work (not yet GPU-tested)
+      EXPECT_EQ(s.code, flash3::StatusCode::kNotSupported) << s.message;
+      EXPECT_NE(s.message.find("FLASH3_SERVING_WIP"), std::string::npos) << s.message;
+      continue;
+    }
     EXPECT_TRUE(s.ok()) << "paged cache with " << (which == 0 ? "cache_batch_idx" : "cache_leftpad") << ": "
                         << s.message;
   }

@@ -126,11 +126,25 @@ TEST(KVCacheValidation, Rejections) {
       {"out shape", [](KVCacheArgs& a) { a.out.shape[1] = 4; }, StatusCode::kInvalidArgument, {"out.shape[1]"}},
       {"unaligned cache_seqlens", [](KVCacheArgs& a) { a.cache_seqlens = fake_int(0x6000002); },
        StatusCode::kInvalidArgument, {"cache_seqlens", "4-byte aligned"}},
-      {"varlen q", [](KVCacheArgs& a) {
+      {"cu_seqlens_k", [](KVCacheArgs& a) {
          a.opts.cu_seqlens_q = a.opts.cu_seqlens_k = fake_int(0x7000000);
          a.opts.max_seqlen_q = a.opts.max_seqlen_k = 3;
          a.opts.num_sequences = 2;
-       }, StatusCode::kNotSupported, {"cu_seqlens_q"}},
+       }, StatusCode::kInvalidArgument, {"opts.cu_seqlens_k is set", "cu_seqlens_k_new"}},
+
+      {"varlen q, negative max_seqlen_q", [](KVCacheArgs& a) {
+         a.opts.cu_seqlens_q = fake_int(0x7000000);
+         a.opts.max_seqlen_q = -1;
+         a.opts.num_sequences = 2;
+       }, StatusCode::kInvalidArgument, {"opts.max_seqlen_q is -1"}},
+      {"num_sequences without cu_seqlens_q", [](KVCacheArgs& a) { a.opts.num_sequences = 2; },
+       StatusCode::kInvalidArgument, {"opts.num_sequences", "cu_seqlens_q is null"}},
+      {"cu_seqlens_k_new without new rows", [](KVCacheArgs& a) {
+         a.k_new = a.v_new = TensorView{};
+         a.rotary_cos = a.rotary_sin = TensorView{};
+         a.cu_seqlens_k_new = fake_int(0x7000100);
+       }, StatusCode::kInvalidArgument, {"cu_seqlens_k_new is set but k_new"}},
+
       {"seqused_k", [](KVCacheArgs& a) { a.opts.seqused_k = fake_int(0x7000000); }, StatusCode::kInvalidArgument,
        {"seqused_k", "cache_seqlens"}},
       {"num_splits", [](KVCacheArgs& a) { a.opts.num_splits = 300; }, StatusCode::kInvalidArgument,
@@ -217,7 +231,7 @@ TEST(KVCacheValidation, CAbiStructSize) {
 // make_args() with a paged cache: pools of 10 pages of 64 rows, 4 pages per
 // sequence (capacity 256, make_args' s_cache, so its 5 new rows and 256-row
 // rotary tables fit), table rows 4 entries apart; no cache_batch_idx /
-// cache_leftpad (not supported with pages).
+// cache_leftpad (PagedWithEntriesAndLeftpad adds them).
 KVCacheArgs make_paged_args() {
   KVCacheArgs a = make_args();
   a.k_cache = t4(0x1000000, 10, 64, 2, 128);
@@ -299,12 +313,98 @@ TEST(KVCacheValidation, PagedValidArgsPass) {
   EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(one))) << "b 1, page_table_batch_stride 0";
 }
 
+TEST(KVCacheValidation, PagedWithEntriesAndLeftpad) {
+  // FlashAttention-3's paged cache with cache_batch_idx (the page table has a
+  // row per cache entry: here 7, more than the 2 sequences) and cache_leftpad.
+  KVCacheArgs a = make_paged_args();
+  a.cache_batch_idx = fake_int(0x6000100);
+  a.cache_leftpad = fake_int(0x6000200);
+  a.page_table_rows = 7;
+  if (!FLASH3_SERVING_WIP) {
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), StatusCode::kNotSupported,
+                        {"page_table together with cache_batch_idx", "FLASH3_SERVING_WIP"}));
+    a.cache_batch_idx = nullptr;
+    a.page_table_rows = 0;
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), StatusCode::kNotSupported,
+                        {"page_table together with cache_leftpad", "FLASH3_SERVING_WIP"}));
+    return;
+  }
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(a)));
+  const flash3::FwdParams p = flash3::make_kvcache_fwd_params(a);
+  EXPECT_EQ(p.kv_entries, 7);
+  EXPECT_EQ(p.kv_batch_idx, a.cache_batch_idx);
+  EXPECT_EQ(p.leftpad_k, a.cache_leftpad);
+  const flash3::AppendKVParams ap = flash3::make_append_params(a);
+  EXPECT_EQ(ap.cache_batches, 7);
+  EXPECT_EQ(ap.cache_batch_idx, a.cache_batch_idx);
+  a.page_table_rows = 1;  // one shared row, picked by cache_batch_idx
+  EXPECT_TRUE(IsOk(flash3::check_kvcache_structure(a)));
+}
+
+TEST(KVCacheValidation, VarlenQueriesAndNewRows) {
+  // q (total_q 7, hq 8, d 128) over 2 sequences, new rows (total_new 6, hkv 2, d 128).
+  KVCacheArgs a = make_args();
+  const int64_t qs[3] = {7, 8, 128}, ns[3] = {6, 2, 128}, ls[2] = {8, 7};
+  a.q = TensorView::contiguous(fake(0x8000000), DType::kBFloat16, 3, qs);
+  a.out = TensorView::contiguous(fake(0x8100000), DType::kBFloat16, 3, qs);
+  a.lse = TensorView::contiguous(fake(0x8200000), DType::kFloat32, 2, ls);
+  a.k_new = TensorView::contiguous(fake(0x8300000), DType::kBFloat16, 3, ns);
+  a.v_new = TensorView::contiguous(fake(0x8400000), DType::kBFloat16, 3, ns);
+  a.cu_seqlens_k_new = fake_int(0x7000100);
+  a.opts.cu_seqlens_q = fake_int(0x7000000);
+  a.opts.num_sequences = 2;
+  a.opts.max_seqlen_q = 5;
+  if (!FLASH3_SERVING_WIP) {
+    EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), StatusCode::kNotSupported,
+                        {"variable-length queries with a KV cache", "FLASH3_SERVING_WIP"}));
+    return;
+  }
+  ASSERT_TRUE(IsOk(flash3::check_kvcache_structure(a)));
+  EXPECT_TRUE(flash3::kvcache_has_queries(a));
+  const flash3::FwdParams p = flash3::make_kvcache_fwd_params(a);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.seqlen_q, 7);
+  EXPECT_EQ(p.max_seqlen_q, 5);
+  EXPECT_EQ(p.cu_seqlens_q, a.opts.cu_seqlens_q);
+  EXPECT_EQ(p.cu_seqlens_k_new, a.cu_seqlens_k_new);
+  EXPECT_EQ(p.total_k_new, 6);
+  EXPECT_EQ(p.seqlen_k_new, 0);
+#if FLASH3_SERVING_WIP
+  const flash3::AppendKVParams ap = flash3::make_append_params(a);
+  EXPECT_EQ(ap.batch, 2);
+  EXPECT_EQ(ap.cu_seqlens_new, a.cu_seqlens_k_new);
+  EXPECT_EQ(ap.total_new, 6);
+  EXPECT_EQ(ap.cu_seqlens_q, a.opts.cu_seqlens_q);
+  EXPECT_EQ(ap.total_q, 7);
+#endif
+  a.opts.max_seqlen_q = 0;  // every sequence empty: only the append runs
+  ASSERT_TRUE(IsOk(flash3::check_kvcache_structure(a)));
+  EXPECT_FALSE(flash3::kvcache_has_queries(a));
+  EXPECT_FALSE(flash3::kvcache_is_empty(a));
+  a.lse.shape[1] = 6;
+  EXPECT_TRUE(IsError(flash3::check_kvcache_structure(a), StatusCode::kInvalidArgument, {"lse.shape[1] (total_q)"}));
+}
+
+TEST(KVCacheValidation, VarlenLayoutRejections) {
+  if (!FLASH3_SERVING_WIP) GTEST_SKIP() << "variable-length KV-cache calls need FLASH3_SERVING_WIP";
+  const Rejection cases[] = {
+      {"cu_seqlens_k_new with 4-d new rows", [](KVCacheArgs& a) { a.cu_seqlens_k_new = fake_int(0x7000100); },
+       StatusCode::kInvalidArgument, {"k_new.ndim is 4; expected 3"}},
+      {"varlen q with a 4-d q", [](KVCacheArgs& a) {
+         a.opts.cu_seqlens_q = fake_int(0x7000000);
+         a.opts.max_seqlen_q = 3;
+         a.opts.num_sequences = 2;
+       }, StatusCode::kInvalidArgument, {"q.ndim is 4; expected 3"}},
+  };
+  expect_rejections(make_args, cases);
+}
+
 TEST(KVCacheValidation, PagedRejections) {
   const Rejection cases[] = {
-      {"with cache_batch_idx", [](KVCacheArgs& a) { a.cache_batch_idx = fake_int(0x6000100); },
-       StatusCode::kNotSupported, {"page_table", "cache_batch_idx"}},
-      {"with cache_leftpad", [](KVCacheArgs& a) { a.cache_leftpad = fake_int(0x6000200); },
-       StatusCode::kNotSupported, {"page_table", "cache_leftpad"}},
+      {"page_table_rows negative", [](KVCacheArgs& a) { a.page_table_rows = -2; }, StatusCode::kInvalidArgument,
+       {"page_table_rows is -2"}},
+      {"fewer rows than sequences without cache_batch_idx", [](KVCacheArgs& a) { a.page_table_rows = 1; },
+       StatusCode::kInvalidArgument, {"page_table_rows is 1", "cache_batch_idx"}},
       {"with softcap", [](KVCacheArgs& a) { a.opts.softcap = 30.f; }, StatusCode::kNotSupported, {"softcap"}},
       {"max pages 0", [](KVCacheArgs& a) { a.page_table_max_pages = 0; }, StatusCode::kInvalidArgument,
        {"page_table_max_pages"}},

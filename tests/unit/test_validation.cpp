@@ -762,10 +762,18 @@ TEST_F(ValidationForward, VarlenRejectsFixedLengthLayout) {
                       {"q.ndim is 4; expected 3", "cu_seqlens_q"}));
 }
 
-TEST_F(ValidationForward, VarlenNeedsMaxSeqlen) {
+TEST_F(ValidationForward, VarlenMaxSeqlenZeroIsTheEmptyBatch) {
+  // FlashAttention-3 takes max_seqlen 0 (every sequence empty): only the
+  // window normalisation reads it; negative values stay errors.
   ForwardArgs a = make_varlen();
   a.opts.max_seqlen_q = 0;
-  EXPECT_TRUE(IsError(flash3::validate_forward(a), StatusCode::kInvalidArgument, {"opts.max_seqlen_q is 0"}));
+  a.opts.max_seqlen_k = 0;
+  EXPECT_TRUE(IsOk(flash3::check_forward_structure(a)));
+  a.opts.max_seqlen_q = -1;
+  EXPECT_TRUE(IsError(flash3::check_forward_structure(a), StatusCode::kInvalidArgument, {"opts.max_seqlen_q is -1"}));
+  a.opts.max_seqlen_q = 0;
+  a.opts.max_seqlen_k = -2;
+  EXPECT_TRUE(IsError(flash3::check_forward_structure(a), StatusCode::kInvalidArgument, {"opts.max_seqlen_k is -2"}));
 }
 
 TEST_F(ValidationForward, VarlenLseShape) {
@@ -1550,7 +1558,7 @@ TEST(ValidationTensorView, ContiguousStridesAndNumel) {
   EXPECT_STREQ(flash3::dtype_name(DType::kBFloat16), "bf16");
   EXPECT_EQ(flash3::dtype_size(DType::kFloat32), 4);
   EXPECT_EQ(flash3::dtype_size(DType::kFloat8E4M3), 1);
-  EXPECT_STREQ(flash3::version(), "0.1.0");
+  EXPECT_STREQ(flash3::version(), FLASH3_VERSION_STRING);
 }
 
 // ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ static const void* const kPublicApi[] = {
     reinterpret_cast<const void*>(&flash3::kvcache_workspace_size), reinterpret_cast<const void*>(&flash3::combine),
     reinterpret_cast<const void*>(&flash3::forward_plan), reinterpret_cast<const void*>(&flash3::forward_is_built),
     reinterpret_cast<const void*>(&flash3::backward_is_built), reinterpret_cast<const void*>(&flash3::device_is_supported),
-    reinterpret_cast<const void*>(&flash3::version),
+    reinterpret_cast<const void*>(&flash3::version), reinterpret_cast<const void*>(&flash3::serving_wip_built),
 };
 
 int main() {
