@@ -384,6 +384,47 @@ class KVCacheCall:
         return self.lib.lib.flash3_forward_kvcache(*self._call)
 
 
+class FA3KVCacheCall:
+    """The official FlashAttention-3's KV-cache step (torch.ops.flash_attn_3.fwd of its decode
+    build, ../shared/anchors/fa3_decode.so) on the same cache layouts as KVCacheCall: append
+    (the last row comes in as k_new / v_new) and, with page_size > 0, a paged copy of the cache
+    (pages in a random order). Timed and checked only; never linked into flash3."""
+
+    def __init__(self, torch, fa3, q, k, v, scale, causal, append=True, page_size=0, num_splits=0):
+        b, sq, hq, d = q.shape
+        sk = k.shape[1]
+        self.check = True
+        self.seqlens = torch.full((b,), sk - 1 if append else sk, device=q.device, dtype=torch.int32)
+        k_cache, v_cache = k, v  # the appended row holds the same values: the cache is shared
+        k_new = v_new = None
+        if append:
+            k_new, v_new = k[:, sk - 1:].clone(), v[:, sk - 1:].clone()
+        page_table = None
+        if page_size:
+            n = sk // page_size
+            perm = torch.randperm(b * n, device=q.device)
+            page_table = perm.to(torch.int32).view(b, n)
+
+            def pool(x):
+                p = torch.empty((b * n, page_size) + tuple(x.shape[2:]), device=x.device, dtype=x.dtype)
+                p[perm] = x.reshape(b * n, page_size, *x.shape[2:])
+                return p
+            k_cache, v_cache = pool(k), pool(v)
+        self.out = torch.empty_like(q)
+        args = (q, k_cache, v_cache, k_new, v_new, None, self.out, None, None, None, None, self.seqlens, sq, None,
+                page_table, None, None, None, None, None, None, None, None, scale, causal, -1, -1, 0, 0.0, True,
+                None, num_splits, None, 0)
+        self._keep = (k_cache, v_cache, k_new, v_new, page_table)
+        self.fwd = lambda: fa3.fwd(*args)
+        self.status = FLASH3_OK
+        try:
+            self.fwd()
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            print(f"  fa3: {str(e).splitlines()[0][:160]}")
+            self.status = -1
+
+
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
@@ -1423,10 +1464,16 @@ def run_split_kv(args, torch, F, sdpa_ctx, dtype):
 
 def decode_call(torch, lib, q, k, v, scale, causal, contender, stream):
     """A contender of run_decode_rows: its options, and "kvcache" (absent: flash3_forward;
-    else KVCacheCall's mode: cache / append / rope)."""
+    else KVCacheCall's mode: cache / append / rope); "lib" another build (--ab), "fa3" the
+    official FlashAttention-3's operators instead of flash3."""
     o = dict(contender)
     kv = o.pop("kvcache", None)
     page_size = o.pop("page_size", 0)
+    lib = o.pop("lib", lib)
+    fa3 = o.pop("fa3", None)
+    if fa3 is not None:
+        return FA3KVCacheCall(torch, fa3, q, k, v, scale, causal, append=kv != "cache", page_size=page_size,
+                              num_splits=o.get("num_splits", 0))
     opts = lib.options(scale, causal, **o)
     if kv is None:
         return Flash3Call(torch, lib, q, k, v, q, opts, stream)  # dout = q: the backward is never called
@@ -1442,13 +1489,27 @@ def run_kvcache(args, torch, F, sdpa_ctx, dtype):
 
     def ratio(ms):
         return ms["cuDNN"] / ms["append"] if "cuDNN" in ms else float("nan")
+    contenders = {"split": dict(num_splits=0), "cache": dict(num_splits=0, kvcache="cache"),
+                  "append": dict(num_splits=0, kvcache="append"), "rope": dict(num_splits=0, kvcache="rope"),
+                  "paged256": dict(num_splits=0, kvcache="append", page_size=256),
+                  "paged64": dict(num_splits=0, kvcache="append", page_size=64),
+                  "paged1p": dict(num_splits=0, kvcache="append", page_size=-1)}
+    if args.kvcache_only:
+        contenders = {n: c for n, c in contenders.items() if n in args.kvcache_only.split(",")}
+    # Other builds (--ab NAME=PATH): their append and paged contenders, suffixed @NAME.
+    for i, spec in enumerate(args.ab or []):
+        name, path = parse_ab(spec, i + 1)
+        other = Flash3Lib(path)
+        for n in ("append", "paged256", "paged64"):
+            if n in contenders:
+                contenders[f"{n}@{name}"] = dict(contenders[n], lib=other)
+    if args.fa3:
+        fa3 = load_fa3(torch, args.fa3)
+        contenders.update({"fa3": dict(num_splits=0, kvcache="append", fa3=fa3),
+                           "fa3paged256": dict(num_splits=0, kvcache="append", page_size=256, fa3=fa3),
+                           "fa3paged64": dict(num_splits=0, kvcache="append", page_size=64, fa3=fa3)})
     return run_decode_rows(
-        args, torch, F, sdpa_ctx, dtype, lib, SPLIT_KV_HEADS, SPLIT_KV_SHAPES,
-        {"split": dict(num_splits=0), "cache": dict(num_splits=0, kvcache="cache"),
-         "append": dict(num_splits=0, kvcache="append"), "rope": dict(num_splits=0, kvcache="rope"),
-         "paged256": dict(num_splits=0, kvcache="append", page_size=256),
-         "paged64": dict(num_splits=0, kvcache="append", page_size=64),
-         "paged1p": dict(num_splits=0, kvcache="append", page_size=-1)},
+        args, torch, F, sdpa_ctx, dtype, lib, SPLIT_KV_HEADS, SPLIT_KV_SHAPES, contenders,
         f"every contender replayed from a CUDA graph of {SPLIT_KV_GRAPH_CALLS} calls (us per call); TB/s = bytes "
         "of K and V / time; num_splits 0 for all: split = flash3_forward on k / v; cache = "
         "flash3_forward_kvcache on the same tensors as a full cache; append = the last row appended by the "
@@ -1696,6 +1757,8 @@ def parse_args(argv=None):
     g.add_argument("--split-kv", action="store_true",
                    help="num_splits 0 (heuristic) and 1 (and cuDNN) on decode rows, CUDA-graph replay (presets above)")
     g = ap.add_argument_group("KV-cache mode")
+    g.add_argument("--kvcache-only", default="", metavar="NAMES",
+                   help="--kvcache: only these flash3 contenders (comma-separated, e.g. append,paged256)")
     g.add_argument("--kvcache", action="store_true",
                    help="flash3_forward_kvcache (plain, append, append + rotary) on the split-KV decode rows")
     g = ap.add_argument_group("power mode")

@@ -12,4 +12,6 @@ JOBS=${JOBS:-$(nproc)}
 gen=()
 command -v ninja >/dev/null 2>&1 && [ ! -f "$BUILD_DIR/Makefile" ] && gen=(-G Ninja)
 cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+# Ninja's progress lines carry the elapsed time (a full kernel build takes long on few cores).
+export NINJA_STATUS=${NINJA_STATUS:-"[%f/%t %es] "}
 cmake --build "$BUILD_DIR" -j "$JOBS"
