@@ -1366,6 +1366,11 @@ Status check_page_table(const KVCacheArgs& a, const KVCacheShape& s) {
   if (a.page_table_rows < 0)
     return Status::Invalid("page_table_rows is " + std::to_string(a.page_table_rows) +
                            "; expected >= 1 (page_table.shape[0], the cache entries), or 0 for one row per sequence");
+  // With cache_batch_idx the table's rows are the cache entries it picks from:
+  // their number is what bounds (clamps) the index, so it must be given.
+  if (a.page_table_rows == 0 && a.cache_batch_idx != nullptr)
+    return Status::Invalid("page_table_rows is 0 with cache_batch_idx; expected page_table.shape[0] (the cache "
+                           "entries cache_batch_idx picks page-table rows from)");
   if (a.page_table_rows > 0 && a.cache_batch_idx == nullptr && a.page_table_rows < s.b)
     return Status::Invalid("page_table_rows is " + std::to_string(a.page_table_rows) + " with " + std::to_string(s.b) +
                            " sequences and no cache_batch_idx; expected at least one row per sequence (sequence b "
@@ -1759,19 +1764,21 @@ Status check_kvcache_device(const KVCacheArgs& a) {
                                 {"cache_leftpad", a.cache_leftpad},
                                 {"rotary_seqlens", a.rotary_seqlens},
                                 {"page_table", a.page_table},
+                                {"opts.cu_seqlens_q", a.opts.cu_seqlens_q},
+                                {"cu_seqlens_k_new", a.cu_seqlens_k_new},
                                 {"workspace", a.workspace}});
 }
 
 Status validate_kvcache(const KVCacheArgs& args) {
   FLASH3_RETURN_IF_ERROR(check_kvcache_structure(args));
   if (kvcache_is_empty(args)) return Status::Ok();
-  FLASH3_RETURN_IF_ERROR(check_kernel_built(true, args.q.dtype, static_cast<int>(args.q.shape[3]),
-                                            static_cast<int>(args.v_cache.shape[3]), args.opts.softcap));
-  if (args.page_table != nullptr &&
-      !fwd_pack_kernel_built(args.q.dtype, static_cast<int>(args.q.shape[3]), static_cast<int>(args.v_cache.shape[3])))
+  const KVCacheShape s = kvcache_shape(args);  // (q is 3-d with cu_seqlens_q)
+  const int d = static_cast<int>(s.d), dv = static_cast<int>(s.dv);
+  FLASH3_RETURN_IF_ERROR(check_kernel_built(true, args.q.dtype, d, dv, args.opts.softcap));
+  if (args.page_table != nullptr && !fwd_pack_kernel_built(args.q.dtype, d, dv))
     return Status::NotSupported(std::string("page_table: paged caches run in the forward's packgqa unit, which is not "
                                             "built for dtype ") + dtype_name(args.q.dtype) + ", head_dim " +
-                                std::to_string(args.q.shape[3]) + " (build with FLASH3_FEATURES containing packgqa)");
+                                std::to_string(d) + " (build with FLASH3_FEATURES containing packgqa)");
   if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_kvcache_device(args));
   return Status::Ok();
 }

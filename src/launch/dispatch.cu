@@ -161,7 +161,11 @@ Status launch_forward(const FwdParams& params, cudaStream_t stream) {
     const int tile_m = fwd_tile_config(params.head_dim, params.head_dim_v, params.is_causal || params.is_local,
                                        params.is_local).tile_m;
     const int64_t pack = resolved.pack_gqa == 1 ? params.heads_q / params.heads_kv : 1;
-    resolved.kv_tile_map = resolved.kv_direct && int64_t(params.max_seqlen_q) * pack > tile_m;
+    // Split launches of variable-length queries too: the combine then reads
+    // the prep kernel's sequence info (on the direct path it would combine
+    // every row of q, rows no sequence covers included).
+    const bool varlen_split = params.cu_seqlens_q != nullptr && resolved.num_splits > 1;
+    resolved.kv_tile_map = resolved.kv_direct && (int64_t(params.max_seqlen_q) * pack > tile_m || varlen_split);
 #else
     resolved.kv_direct = params.page_table != nullptr;
     resolved.kv_tile_map = false;

@@ -709,6 +709,8 @@ TEST(KVCacheGpu, ServingWip) {
           c.page_size = ps;
           c.rows = 400;
           c.seed = seed++;
+          // Padded table rows name a NaN page: a read past an entry's row shows.
+          c.table_pad = ps > 0 && variant % 2 == 0 ? 2 : 0;
           switch (variant) {
             case 0:  // prefill chunks and decode tokens, causal, rotary, split heuristic
               c.q_lens = {1, 7, 0, 130, 1};

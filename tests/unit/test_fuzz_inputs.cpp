@@ -2109,6 +2109,7 @@ TEST_F(FuzzInputs, DocumentedValuesAccepted) {
   for (int which = 0; which < 2; ++which) {
     KVCacheArgs a = make_kvcache(KvBase::kPaged);
     (which == 0 ? a.cache_batch_idx : a.cache_leftpad) = fake_int(0x6000100);
+    if (which == 0) a.page_table_rows = static_cast<int>(a.q.shape[0]);  // the entries cache_batch_idx picks from
     const Status s = flash3::check_kvcache_structure(a);
     ++n;
     if (!FLASH3_SERVING_WIP) {  // accepted by the build with the serving work (not yet GPU-tested)

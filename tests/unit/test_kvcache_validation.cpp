@@ -405,6 +405,8 @@ TEST(KVCacheValidation, PagedRejections) {
        {"page_table_rows is -2"}},
       {"fewer rows than sequences without cache_batch_idx", [](KVCacheArgs& a) { a.page_table_rows = 1; },
        StatusCode::kInvalidArgument, {"page_table_rows is 1", "cache_batch_idx"}},
+      {"cache_batch_idx without page_table_rows", [](KVCacheArgs& a) { a.cache_batch_idx = fake_int(0x6000100); },
+       StatusCode::kInvalidArgument, {"page_table_rows is 0 with cache_batch_idx", "page_table.shape[0]"}},
       {"with softcap", [](KVCacheArgs& a) { a.opts.softcap = 30.f; }, StatusCode::kNotSupported, {"softcap"}},
       {"max pages 0", [](KVCacheArgs& a) { a.page_table_max_pages = 0; }, StatusCode::kInvalidArgument,
        {"page_table_max_pages"}},
