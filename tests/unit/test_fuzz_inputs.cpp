@@ -60,6 +60,9 @@
 #include <vector>
 
 #include "api/validate.h"
+#include "c_options.h"
+#include "skip_device_check.h"
+#include "status_matchers.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
 
@@ -77,7 +80,8 @@ using flash3::StatusCode;
 using flash3::TensorView;
 
 constexpr uint64_t kSeed = 0x39f0221e5eedull;
-constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
+constexpr const char* kSkipEnv = flash3::testutil::kSkipDeviceCheckEnv;
+using flash3::unittest::code_name;
 
 // ---------------------------------------------------------------------------
 // Small utilities.
@@ -103,17 +107,6 @@ int64_t span_bytes(const TensorView& t) {
   for (int i = 0; i < t.ndim; ++i)
     if (t.shape[i] > 1) last += (t.shape[i] - 1) * t.stride[i];
   return (last + 1) * esize(t.dtype);
-}
-
-std::string code_name(StatusCode c) {
-  switch (c) {
-    case StatusCode::kOk: return "Ok";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotSupported: return "NotSupported";
-    case StatusCode::kCudaError: return "CudaError";
-    case StatusCode::kInternal: return "Internal";
-  }
-  return "?";
 }
 
 std::string fmt_float(float x) {
@@ -159,23 +152,9 @@ class Rng {
   std::mt19937_64 g_;
 };
 
-// FLASH3_SKIP_DEVICE_CHECK for the duration of a test (restored afterwards).
-class FuzzInputs : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* v = std::getenv(kSkipEnv);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-  }
-  void TearDown() override {
-    if (had_) setenv(kSkipEnv, old_.c_str(), 1);
-    else unsetenv(kSkipEnv);
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
+// FLASH3_SKIP_DEVICE_CHECK for the duration of a test (the caller's value
+// restored afterwards); skip_device_check() turns it off and on within it.
+class FuzzInputs : public flash3::testutil::SkipDeviceCheckTest {};
 
 void skip_device_check(bool skip) {
   if (skip) setenv(kSkipEnv, "1", 1);
@@ -1003,25 +982,7 @@ bool to_c(const TensorView& t, flash3_tensor* c) {
   return t.ndim >= 0 && t.ndim <= 4 && int(t.dtype) >= 0 && int(t.dtype) <= 3;
 }
 
-flash3_options to_c(const AttentionOptions& o) {
-  flash3_options c = flash3_default_options();
-  c.softmax_scale = o.softmax_scale;
-  c.causal = o.causal;
-  c.window_left = o.window_left;
-  c.window_right = o.window_right;
-  c.softcap = o.softcap;
-  c.deterministic = o.deterministic;
-  c.cu_seqlens_q = o.cu_seqlens_q;
-  c.cu_seqlens_k = o.cu_seqlens_k;
-  c.max_seqlen_q = o.max_seqlen_q;
-  c.max_seqlen_k = o.max_seqlen_k;
-  c.num_sequences = o.num_sequences;
-  c.seqused_q = o.seqused_q;
-  c.seqused_k = o.seqused_k;
-  c.pack_gqa = o.pack_gqa;
-  c.num_splits = o.num_splits;
-  return c;
-}
+flash3_options to_c(const AttentionOptions& o) { return flash3::testutil::to_c_options(o); }
 
 // A view's C tensor, or NULL for an undefined (absent) view.
 struct CTensor {
@@ -1224,9 +1185,9 @@ std::vector<std::string> kvcache_arg_names(const std::vector<Slot>& slots) {
 }
 
 bool mutate_kvcache_specific(KVCacheArgs& a, KvBase base, Rng& r, Mut* m) {
-  std::vector<int> kinds = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
-  if (base == KvBase::kPaged) kinds.insert(kinds.end(), {10, 11, 12, 13});
-  else kinds.push_back(14);
+  std::vector<int> kinds = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 18, 19};
+  if (base == KvBase::kPaged) kinds.insert(kinds.end(), {10, 11, 12, 13, 16, 17});
+  else kinds.insert(kinds.end(), {14, 15});
   std::ostringstream d;
   switch (r.pick(kinds)) {
     case 0:
@@ -1337,6 +1298,35 @@ bool mutate_kvcache_specific(KVCacheArgs& a, KvBase base, Rng& r, Mut* m) {
       *m = {"cache too short for the new rows", d.str(), {"k_new", "k_cache"}};
       return true;
     }
+    case 15: {
+      const int v = r.pick(std::vector<int>{1, 3, -1});
+      a.page_table_rows = v;
+      d << "page_table_rows = " << v << " without a page table";
+      *m = {"page_table_rows without page_table", d.str(), {"page_table_rows"}};
+      return true;
+    }
+    case 16: {
+      const int v = r.pick(std::vector<int>{-2, INT_MIN});
+      a.page_table_rows = v;
+      d << "page_table_rows = " << v;
+      *m = {"page_table_rows negative", d.str(), {"page_table_rows"}};
+      return true;
+    }
+    case 17:
+      a.cache_batch_idx = fake_int(0x6000100);
+      *m = {"cache_batch_idx with page_table, page_table_rows 0", "cache_batch_idx set, page_table_rows = 0",
+            {"page_table_rows"}};
+      return true;
+    case 18:
+      a.cu_seqlens_k_new = fake_int(0x6000500);  // k_new / v_new stay (b, s_new, hkv, d)
+      *m = {"cu_seqlens_k_new with 4-d new rows", "cu_seqlens_k_new set, k_new 4-d", {"k_new", "cu_seqlens_k_new"}};
+      return true;
+    case 19:
+      a.opts.cu_seqlens_q = fake_int(0xA000000);  // q / out stay (b, sq, hq, d)
+      a.opts.max_seqlen_q = 3;
+      a.opts.num_sequences = 2;
+      *m = {"opts.cu_seqlens_q with a 4-d q", "opts.cu_seqlens_q set, q 4-d", {"q", "opts.cu_seqlens_q"}};
+      return true;
   }
   return false;
 }
@@ -1551,79 +1541,62 @@ TEST_F(FuzzInputs, BasesAreValid) {
   EXPECT_TRUE(call_plan(p, &plan).ok()) << call_plan(p, &plan).message;
 }
 
-TEST_F(FuzzInputs, Forward) {
-  Rng r(kSeed ^ 1);
-  Tally t{"forward"};
-  for (int i = 0; i < kForwardCases; ++i) {
-    ForwardCase c = forward_case(r);
-    const ForwardArgs& a = c.a;
+// One entry point's fuzz: count seeded bad argument sets (make(rng) -> a
+// case with .a, .m, .arg_names), each through its structure check, its
+// validation and the entry point itself (run_case).
+template <class Make, class Check, class Validate, class Call>
+void fuzz_entry(uint64_t seed, const char* entry, int count, Make make, const char* check_name, Check check,
+                const char* validate_name, Validate validate, Call call) {
+  Rng r(seed);
+  Tally t{entry};
+  for (int i = 0; i < count; ++i) {
+    auto c = make(r);
+    const auto& a = c.a;
     run_case(
-        t, c.m, c.arg_names, "check_forward_structure", [&] { return flash3::check_forward_structure(a); },
-        "validate_forward", [&] { return flash3::validate_forward(a); }, "forward",
-        [&] { return flash3::forward(a, nullptr); });
+        t, c.m, c.arg_names, check_name, [&] { return check(a); }, validate_name, [&] { return validate(a); }, entry,
+        [&] { return call(a); });
   }
   t.report();
-  EXPECT_EQ(t.cases, kForwardCases);
+  EXPECT_EQ(t.cases, count);
+}
+
+TEST_F(FuzzInputs, Forward) {
+  fuzz_entry(
+      kSeed ^ 1, "forward", kForwardCases, forward_case, "check_forward_structure",
+      [](const ForwardArgs& a) { return flash3::check_forward_structure(a); }, "validate_forward",
+      [](const ForwardArgs& a) { return flash3::validate_forward(a); },
+      [](const ForwardArgs& a) { return flash3::forward(a, nullptr); });
 }
 
 TEST_F(FuzzInputs, Backward) {
-  Rng r(kSeed ^ 2);
-  Tally t{"backward"};
-  for (int i = 0; i < kBackwardCases; ++i) {
-    BackwardCase c = backward_case(r);
-    const BackwardArgs& a = c.a;
-    run_case(
-        t, c.m, c.arg_names, "check_backward_structure", [&] { return flash3::check_backward_structure(a); },
-        "validate_backward", [&] { return flash3::validate_backward(a); }, "backward",
-        [&] { return flash3::backward(a, nullptr); });
-  }
-  t.report();
-  EXPECT_EQ(t.cases, kBackwardCases);
+  fuzz_entry(
+      kSeed ^ 2, "backward", kBackwardCases, backward_case, "check_backward_structure",
+      [](const BackwardArgs& a) { return flash3::check_backward_structure(a); }, "validate_backward",
+      [](const BackwardArgs& a) { return flash3::validate_backward(a); },
+      [](const BackwardArgs& a) { return flash3::backward(a, nullptr); });
 }
 
 TEST_F(FuzzInputs, Combine) {
-  Rng r(kSeed ^ 3);
-  Tally t{"combine"};
-  for (int i = 0; i < kCombineCases; ++i) {
-    CombineCase c = combine_case(r);
-    const CombineArgs& a = c.a;
-    run_case(
-        t, c.m, c.arg_names, "check_combine_structure", [&] { return flash3::check_combine_structure(a); },
-        "validate_combine", [&] { return flash3::validate_combine(a); }, "combine",
-        [&] { return flash3::combine(a, nullptr); });
-  }
-  t.report();
-  EXPECT_EQ(t.cases, kCombineCases);
+  fuzz_entry(
+      kSeed ^ 3, "combine", kCombineCases, combine_case, "check_combine_structure",
+      [](const CombineArgs& a) { return flash3::check_combine_structure(a); }, "validate_combine",
+      [](const CombineArgs& a) { return flash3::validate_combine(a); },
+      [](const CombineArgs& a) { return flash3::combine(a, nullptr); });
 }
 
 TEST_F(FuzzInputs, KVCache) {
-  Rng r(kSeed ^ 4);
-  Tally t{"forward_kvcache"};
-  for (int i = 0; i < kKVCacheCases; ++i) {
-    KVCacheCase c = kvcache_case(r);
-    const KVCacheArgs& a = c.a;
-    run_case(
-        t, c.m, c.arg_names, "check_kvcache_structure", [&] { return flash3::check_kvcache_structure(a); },
-        "validate_kvcache", [&] { return flash3::validate_kvcache(a); }, "forward_kvcache",
-        [&] { return flash3::forward_kvcache(a, nullptr); });
-  }
-  t.report();
-  EXPECT_EQ(t.cases, kKVCacheCases);
+  fuzz_entry(
+      kSeed ^ 4, "forward_kvcache", kKVCacheCases, kvcache_case, "check_kvcache_structure",
+      [](const KVCacheArgs& a) { return flash3::check_kvcache_structure(a); }, "validate_kvcache",
+      [](const KVCacheArgs& a) { return flash3::validate_kvcache(a); },
+      [](const KVCacheArgs& a) { return flash3::forward_kvcache(a, nullptr); });
 }
 
 TEST_F(FuzzInputs, QuantizeFp8) {
-  Rng r(kSeed ^ 5);
-  Tally t{"quantize_fp8"};
-  for (int i = 0; i < kQuantizeCases; ++i) {
-    QuantizeCase c = quantize_case(r);
-    const QuantizeFp8Args& a = c.a;
-    run_case(
-        t, c.m, c.arg_names, "validate_quantize_fp8", [&] { return flash3::validate_quantize_fp8(a); },
-        "validate_quantize_fp8", [&] { return flash3::validate_quantize_fp8(a); }, "quantize_fp8",
-        [&] { return flash3::quantize_fp8(a, nullptr); });
-  }
-  t.report();
-  EXPECT_EQ(t.cases, kQuantizeCases);
+  const auto validate = [](const QuantizeFp8Args& a) { return flash3::validate_quantize_fp8(a); };
+  fuzz_entry(
+      kSeed ^ 5, "quantize_fp8", kQuantizeCases, quantize_case, "validate_quantize_fp8", validate,
+      "validate_quantize_fp8", validate, [](const QuantizeFp8Args& a) { return flash3::quantize_fp8(a, nullptr); });
 }
 
 TEST_F(FuzzInputs, ForwardPlan) {
@@ -1961,6 +1934,7 @@ TEST_F(FuzzInputs, CApi) {
         ca.cache_leftpad = c.a.cache_leftpad, ca.rotary_seqlens = c.a.rotary_seqlens;
         ca.page_table = c.a.page_table, ca.page_table_batch_stride = c.a.page_table_batch_stride;
         ca.page_table_max_pages = c.a.page_table_max_pages;
+        ca.page_table_rows = c.a.page_table_rows, ca.cu_seqlens_k_new = c.a.cu_seqlens_k_new;
         const Status s = flash3::check_kvcache_structure(c.a);
         if (!c_only && s.ok()) {  // the C++ oracle accepts it: the C++ test reports that
           ++cpp_accepted;

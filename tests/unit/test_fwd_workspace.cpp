@@ -19,11 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "skip_device_check.h"
+#include "c_options.h"
 #include "config/tile_size.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
 #include "launch/dispatch.h"  // kFwdTileCounterBytes, fwd_pack_kernel_built
+#include "skip_device_check.h"
 #include "status_matchers.h"
 
 namespace {
@@ -103,24 +104,7 @@ flash3_tensor to_c(const TensorView& t) {
   return c;
 }
 
-flash3_options to_c(const flash3::AttentionOptions& o) {
-  flash3_options c = flash3_default_options();
-  c.softmax_scale = o.softmax_scale;
-  c.causal = o.causal;
-  c.window_left = o.window_left;
-  c.window_right = o.window_right;
-  c.softcap = o.softcap;
-  c.deterministic = o.deterministic;
-  c.cu_seqlens_q = o.cu_seqlens_q;
-  c.cu_seqlens_k = o.cu_seqlens_k;
-  c.max_seqlen_q = o.max_seqlen_q;
-  c.max_seqlen_k = o.max_seqlen_k;
-  c.num_sequences = o.num_sequences;
-  c.seqused_q = o.seqused_q;
-  c.seqused_k = o.seqused_k;
-  c.pack_gqa = o.pack_gqa;
-  return c;
-}
+flash3_options to_c(const flash3::AttentionOptions& o) { return flash3::testutil::to_c_options(o); }
 
 struct CArgs {
   flash3_tensor q, k, v, out, lse;
