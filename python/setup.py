@@ -251,7 +251,8 @@ def main():
 
     ext = CUDAExtension(
         name="flash3._C",
-        sources=[os.path.join("csrc", "flash3_torch.cpp")],
+        sources=[os.path.join("csrc", f"{name}.cpp")
+                 for name in ("common", "attention", "varlen", "combine", "kvcache", "registration")],
         include_dirs=[os.path.join(REPO, "include")],
         libraries=["flash3"],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},

@@ -2,13 +2,14 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Copyright (c) 2026 the flash3 authors
 #
-# CI: compiles and links the torch extension (python/csrc/flash3_torch.cpp) against the headers
-# and libraries of PyPI's torch wheel and BUILD_DIR's libflash3.so; fails when either step fails.
+# CI: compiles and links the torch extension (python/csrc/*.cpp) against the headers and
+# libraries of PyPI's torch wheel and BUILD_DIR's libflash3.so; fails when either step fails.
 # torch is unpacked, not installed: importing it loads its CUDA libraries (the nvidia-* wheels,
 # several GB) that compiling does not need, so the flags torch.utils.cpp_extension gives a
 # CUDAExtension's .cpp source (python/setup.py) are spelled out here. Nothing runs (no GPU).
 # usage: scripts/ci_torch_ext.sh [BUILD_DIR (build)]
-# environment: TORCH_VERSION (2.15.0: its headers need C++20), CXX (g++)
+# environment: TORCH_VERSION (2.15.0: its headers need C++20), CXX (g++), JOBS (compiles at once:
+# the number of CPUs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -48,13 +49,19 @@ case "$py_lib" in
   *) echo "ci_torch_ext: $py_lib is not a shared library: linking without -z defs" ;;
 esac
 
+# The extension's translation units (python/setup.py lists the same), compiled JOBS at a time
+# (default: the number of CPUs; xargs fails when any compile fails), then linked together.
+sources=(common attention varlen combine kvcache registration)
+objects=("${sources[@]/%/.o}")
+objects=("${objects[@]/#/$tmp/}")
+cxxflags=(-std=c++20 -fPIC -O3 -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C -Iinclude
+  -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include"
+  -isystem "$cuda_home/include" -isystem "$py_include")
 t0=$SECONDS
-"$cxx" -c python/csrc/flash3_torch.cpp -o "$tmp/flash3_torch.o" -std=c++20 -fPIC -O3 \
-  -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C -Iinclude \
-  -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
-  -isystem "$cuda_home/include" -isystem "$py_include"
-"$cxx" -shared -o "$tmp/_C.so" "$tmp/flash3_torch.o" "-L$build_dir" -lflash3 "-L$torch/lib" \
+printf '%s\n' "${sources[@]}" |
+  xargs -P "${JOBS:-$(nproc)}" -I{} "$cxx" -c "python/csrc/{}.cpp" -o "$tmp/{}.o" "${cxxflags[@]}"
+"$cxx" -shared -o "$tmp/_C.so" "${objects[@]}" "-L$build_dir" -lflash3 "-L$torch/lib" \
   -ltorch_python -ltorch -ltorch_cpu -ltorch_cuda -lc10_cuda -lc10 "-L$cuda_home/lib64" -lcudart \
   "${defs[@]}" -Wl,-rpath,'$ORIGIN'
-echo "ci_torch_ext: python/csrc/flash3_torch.cpp compiled and linked against torch $torch_version" \
-     "in $((SECONDS - t0)) s"
+echo "ci_torch_ext: python/csrc/{$(IFS=,; echo "${sources[*]}")}.cpp compiled and linked against" \
+     "torch $torch_version in $((SECONDS - t0)) s"

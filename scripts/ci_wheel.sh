@@ -56,6 +56,9 @@ mkdir "$tmp/unpacked"
 "$py" -m zipfile -e "$whl" "$tmp/unpacked"
 u=$tmp/unpacked
 for f in flash3/__init__.py flash3/__main__.py flash3/_version.py flash3/flash_attn_interface.py flash3/sdpa.py \
+         flash3/_interface/__init__.py flash3/_interface/common.py flash3/_interface/func.py \
+         flash3/_interface/fp8.py flash3/_interface/varlen.py flash3/_interface/combine.py \
+         flash3/_interface/kvcache.py flash3/_interface/fake.py \
          flash3/integrations/transformers.py "flash3/libflash3.so.$mm"; do
   [ -e "$u/$f" ] || fail "the wheel lacks $f"
 done

@@ -15,6 +15,9 @@
 #include "common/params.h"
 #include "flash3/flash3.h"
 #include "launch/dispatch.h"
+#include "plan/fwd_plan.h"
+#include "plan/kvcache_plan.h"
+#include "plan/lower.h"
 
 namespace flash3 {
 
@@ -102,42 +105,35 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
   apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
   return backward_workspace_bytes(p);
 }
-// The forward's scratch for q / k / v's shapes and the options (0 for
-// malformed shapes or where the launch needs none). Fixed length: the same
-// for every batch slice (the tile counter depends on seqlen_k, the head dims
-// and the mask only).
+// The forward's scratch for q / k / v's shapes and the options: the largest
+// of its launches' plans (fixed length: batch slices of batch_per_launch
+// elements and the shorter last one; varlen: one launch). 0 for malformed
+// shapes or where no launch needs scratch.
 size_t forward_workspace_bytes_of(const ForwardArgs& args) {
-  const TensorView &q = args.q, &k = args.k, &v = args.v;
   const bool varlen = args.opts.cu_seqlens_q != nullptr;
-  const int nd = varlen ? 3 : 4;
-  if (q.ndim != nd || k.ndim != nd || v.ndim != nd) return 0;
-  for (const TensorView* t : {&q, &k, &v})
-    for (int i = 0; i < nd; ++i)
-      if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) return 0;
-  const int r = varlen ? 0 : 1;  // the row dimension of fixed-length tensors follows the batch
-  if (q.shape[r + 1] <= 0 || k.shape[r + 1] <= 0 || q.shape[r + 1] % k.shape[r + 1] != 0) return 0;
-  FwdParams p;
-  p.varlen = varlen;
-  p.dtype = q.dtype;
-  p.batch = varlen ? args.opts.num_sequences : static_cast<int>(q.shape[0]);
-  p.seqlen_q = static_cast<int>(q.shape[r]);
-  p.seqlen_k = static_cast<int>(k.shape[r]);
-  p.heads_q = static_cast<int>(q.shape[r + 1]);
-  p.heads_kv = static_cast<int>(k.shape[r + 1]);
-  p.head_dim = static_cast<int>(q.shape[r + 2]);
-  p.head_dim_v = static_cast<int>(v.shape[r + 2]);
-  p.softcap = args.opts.softcap;
-  p.pack_gqa = args.opts.pack_gqa;
-  p.num_splits = args.opts.num_splits;
-  if (varlen) {
-    if (p.batch <= 0) return 0;
-    p.max_seqlen_q = std::max(args.opts.max_seqlen_q, 1);  // as make_fwd_params plans 0
-    p.max_seqlen_k = std::max(args.opts.max_seqlen_k, 1);
-    apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
-  } else {
-    apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
+  FwdParams problem;
+  if (varlen) return forward_shape_problem(args, 0, &problem) ? plan_forward(problem).workspace.bytes : 0;
+  if (!forward_shape_problem(args, args.q.shape[0], &problem)) return 0;
+  const int64_t batch = args.q.shape[0];
+  const int64_t per_launch = std::min(launch_batch(args.q, args.k), batch);
+  if (per_launch <= 0) return 0;
+  size_t need = 0;
+  for (int64_t n : {per_launch, batch % per_launch}) {
+    if (n == 0 || !forward_shape_problem(args, n, &problem)) continue;
+    need = std::max(need, plan_forward(problem).workspace.bytes);
   }
-  return forward_workspace_bytes(p);
+  return need;
+}
+
+// One launch of a call: its plan, run on the call's scratch (which the plan
+// must fit: forward_workspace_bytes_of sized it from the same plans).
+Status launch_planned(const FwdParams& problem, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  FwdPlan plan = plan_forward(problem);
+  if (plan.workspace.bytes > workspace_bytes)
+    return {StatusCode::kInternal, "forward: the launch's plan needs " + std::to_string(plan.workspace.bytes) +
+                                       " bytes of workspace, the call sized " + std::to_string(workspace_bytes)};
+  plan.params.workspace = workspace;
+  return launch_forward(plan, stream);
 }
 
 // A call's scratch: the caller's (checked: size and 256-byte alignment) or,
@@ -178,23 +174,20 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     // Nothing to compute (varlen: no sequences or no query rows), nothing launched.
     if (forward_is_empty(args)) return Status::Ok();
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    const size_t need = forward_workspace_size(args);
     Scratch ws;
-    FLASH3_RETURN_IF_ERROR(
-        ws.acquire(args.workspace, args.workspace_bytes, forward_workspace_size(args), "forward_workspace_size()", stream));
+    FLASH3_RETURN_IF_ERROR(ws.acquire(args.workspace, args.workspace_bytes, need, "forward_workspace_size()", stream));
     // Varlen: one launch over all sequences (the batch lives in cu_seqlens).
     // Fixed length: batch slices share the scratch (ordered on the stream).
     Status launched = Status::Ok();
     if (args.opts.cu_seqlens_q != nullptr) {
-      FwdParams params = make_fwd_params(args);
-      params.workspace = ws.ptr;
-      launched = launch_forward(params, stream);
+      launched = launch_planned(make_fwd_params(args), ws.ptr, need, stream);
     } else {
       const int64_t batch = args.q.shape[0];
       const int64_t per_launch = launch_batch(args.q, args.k);
       for (int64_t b0 = 0; b0 < batch && launched.ok(); b0 += per_launch) {
-        FwdParams params = make_fwd_params(forward_slice(args, b0, std::min(per_launch, batch - b0)));
-        params.workspace = ws.ptr;
-        launched = launch_forward(params, stream);
+        const ForwardArgs slice = forward_slice(args, b0, std::min(per_launch, batch - b0));
+        launched = launch_planned(make_fwd_params(slice), ws.ptr, need, stream);
       }
     }
     return ws.release(launched, stream);
@@ -239,29 +232,10 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   }
 }
 
-namespace {
-constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// A KV-cache call's scratch: the attention's (varlen maps, split partials),
-// then the rotated q (contiguous (b, sq, hq, d)) when rotary is on.
-struct KVCacheScratch {
-  size_t attention_bytes = 0, q_rot_offset = 0, bytes = 0;
-};
-KVCacheScratch kvcache_scratch(const KVCacheArgs& args, const FwdParams& p) {
-  KVCacheScratch s;
-  s.attention_bytes = forward_workspace_bytes(p);
-  s.q_rot_offset = align256(s.attention_bytes);
-  s.bytes = s.attention_bytes;
-  if (args.rotary_cos.defined() && args.q.numel() > 0)
-    s.bytes = s.q_rot_offset + size_t(args.q.numel()) * size_t(dtype_size(args.q.dtype));
-  return s;
-}
-}  // namespace
-
 size_t kvcache_workspace_size(const KVCacheArgs& args) {
   try {
     if (!check_kvcache_structure(args).ok() || kvcache_is_empty(args)) return 0;
-    return kvcache_scratch(args, make_kvcache_fwd_params(args)).bytes;
+    return plan_kvcache(args).bytes;
   } catch (...) {
     return 0;
   }
@@ -272,24 +246,23 @@ Status forward_kvcache(const KVCacheArgs& args, cudaStream_t stream) {
     FLASH3_RETURN_IF_ERROR(validate_kvcache(args));
     if (kvcache_is_empty(args)) return Status::Ok();
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
-    FwdParams params = make_kvcache_fwd_params(args);
-    const KVCacheScratch layout = kvcache_scratch(args, params);
+    KVCachePlan plan = plan_kvcache(args);
     Scratch ws;
     FLASH3_RETURN_IF_ERROR(
-        ws.acquire(args.workspace, args.workspace_bytes, layout.bytes, "kvcache_workspace_size()", stream));
+        ws.acquire(args.workspace, args.workspace_bytes, plan.bytes, "kvcache_workspace_size()", stream));
     // The append (and rotary) first: the attention then reads the updated
     // cache and the rotated q, ordered on the stream.
-    AppendKVParams append = make_append_params(args);
-    if (append.rotary_dim > 0) {
-      append.q_out = static_cast<char*>(ws.ptr) + layout.q_rot_offset;
-      params.q = append.q_out;
-      params.q_row_stride = append.qo_row_stride;
-      params.q_head_stride = append.qo_head_stride;
+    FwdParams& attention = plan.attention.params;
+    if (plan.append.rotary_dim > 0) {
+      plan.append.q_out = static_cast<char*>(ws.ptr) + plan.q_rot_offset;
+      attention.q = plan.append.q_out;
+      attention.q_row_stride = plan.append.qo_row_stride;
+      attention.q_head_stride = plan.append.qo_head_stride;
     }
-    Status launched = launch_append_kv(append, stream);
-    if (launched.ok() && kvcache_has_queries(args)) {
-      params.workspace = ws.ptr;
-      launched = launch_forward(params, stream);
+    Status launched = launch_append_kv(plan.append, stream);
+    if (launched.ok() && plan.has_queries) {
+      attention.workspace = ws.ptr;
+      launched = launch_forward(plan.attention, stream);
     }
     return ws.release(launched, stream);
   } catch (const std::exception& e) {
@@ -346,8 +319,9 @@ Status forward_plan(DType dtype, int batch, int seqlen_q, int seqlen_k, int head
     p.pack_gqa = opts.pack_gqa;
     p.num_splits = opts.num_splits;
     apply_mask_options(opts, p.max_seqlen_q, p.max_seqlen_k, &p);
-    plan->pack_gqa = fwd_pack_gqa(p) ? 1 : 0;
-    plan->num_splits = fwd_num_splits(p);
+    const FwdPlan decided = plan_forward(p);
+    plan->pack_gqa = decided.params.pack_gqa;
+    plan->num_splits = decided.params.num_splits;
     return Status::Ok();
   } catch (const std::exception& e) {
     return internal_error("flash3::forward_plan", e.what());

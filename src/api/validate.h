@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Copyright (c) 2026 the flash3 authors
 //
-// Argument validation and lowering of validated arguments into kernel params.
+// Argument validation (validate.cpp, validate_kvcache.cpp, validate_combine.cpp
+// over the shared checks of checks.h); lowering is plan/lower.h.
 //
 // The public entry points validate_forward()/validate_backward()/validate_combine() (flash3.h) run,
 // in order:
@@ -13,8 +14,8 @@
 //   3. kernel availability for (dtype, head_dim, head_dim_v) -> kNotSupported
 //   4. device checks (pointer kinds of the tensors, the workspace and the
 //      varlen arrays opts.cu_seqlens_* / opts.seqused_*; current device is
-//      sm_90), skipped when the environment variable
-//      FLASH3_SKIP_DEVICE_CHECK=1                         -> kInvalidArgument / kCudaError / kNotSupported
+//      sm_90), skipped only where a unit test turned them off
+//      (set_device_checks_for_testing, api/checks.h)      -> kInvalidArgument / kCudaError / kNotSupported
 // The pieces are exposed here for forward()/backward() and the unit tests.
 #pragma once
 #include <string>
@@ -26,7 +27,7 @@
 
 namespace flash3 {
 
-// True when FLASH3_SKIP_DEVICE_CHECK=1 (read on every call).
+// True where a unit test turned the device checks off (set_device_checks_for_testing).
 bool device_check_skipped();
 
 // The options' checks of step 1 (shared by every entry point).
@@ -61,7 +62,7 @@ std::string built_kernels_list(bool forward_pass);
 Status check_written_tensor(const char* name, const TensorView& t);
 Status check_tensor_span(const char* name, const TensorView& t);
 
-// Step 4 (not affected by FLASH3_SKIP_DEVICE_CHECK: callers decide).
+// Step 4 (not affected by set_device_checks_for_testing: callers decide).
 // ptr must be device memory on the current device (or managed memory);
 // a null ptr is accepted (empty tensors).
 Status check_device_pointer(const char* name, const void* ptr);
@@ -75,27 +76,18 @@ Status check_backward_device(const BackwardArgs& args);
 // sizes, dtypes, num_splits and head_dim ranges, shapes, strides, alignment,
 // outputs overlapping inputs, each other or themselves), step 2 (nothing to
 // compute when batch, seqlen or heads is 0), step 4 (pointers on the current
-// device, sm_90; skipped with FLASH3_SKIP_DEVICE_CHECK=1). There is no step 3:
+// device, sm_90; skipped where device checks are off). There is no step 3:
 // the combine kernel is in every build.
 Status check_combine_structure(const CombineArgs& args);
 bool combine_is_empty(const CombineArgs& args);
 Status check_combine_device(const CombineArgs& args);
-// Lowering of validated combine arguments (fixed length: seqs null).
-CombineParams make_combine_params(const CombineArgs& args);
 
 // KV cache (forward_kvcache), in the same order: step 1 (structure, with the
 // attention's varlen views through the same checks as forward()), step 2
 // (batch 0: nothing to do), step 3 (kernel built), step 4 (pointers, sm_90).
 Status check_kvcache_structure(const KVCacheArgs& args);
 bool kvcache_is_empty(const KVCacheArgs& args);
-// Whether a structurally valid call has query rows to attend (it may only append).
-bool kvcache_has_queries(const KVCacheArgs& args);
 Status check_kvcache_device(const KVCacheArgs& args);
-// Lowering of validated KV-cache arguments: the attention's params (a varlen
-// problem with FwdParams::kv_cache set; workspace unset) and the append
-// kernel's (q_out unset: the rotated q's buffer is the caller's choice).
-FwdParams make_kvcache_fwd_params(const KVCacheArgs& args);
-AppendKVParams make_append_params(const KVCacheArgs& args);
 
 // The stream must belong to the current device (the legacy and per-thread
 // default streams always do).

@@ -8,6 +8,7 @@
 
 #include "common/block_info.h"
 #include "common/build_options.h"
+#include "common/score_mod_kind.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -107,16 +108,10 @@ struct FwdParams {
   int window_right = -1;
 };
 
-// Lowers validated args. Only call after validate_forward() succeeded.
-FwdParams make_fwd_params(const ForwardArgs& args);
-
-// The score modifier a problem needs (fusion/score_mod.h: one policy type per
-// kind; the manifest's feature axis builds a unit per kind).
-enum class ScoreModKind : int { kIdentity = 0, kSoftcap = 1 };
+// The score modifier a problem needs (common/score_mod_kind.h).
 inline ScoreModKind score_mod_kind(const FwdParams& p) {
   return p.softcap > 0.f ? ScoreModKind::kSoftcap : ScoreModKind::kIdentity;
 }
-inline const char* score_mod_feature(ScoreModKind k) { return k == ScoreModKind::kSoftcap ? "softcap" : "none"; }
 
 // The kernels' view of the mask (shared by forward and backward launches):
 // causal is a right bound of 0 with the left unbounded.
@@ -146,14 +141,6 @@ struct BwdParams : FwdParams {
   bool deterministic = false;
 };
 
-// Lowers validated args (workspace left null; the caller provides it).
-BwdParams make_bwd_params(const BackwardArgs& args);
-// The mask of `opts` for a problem of seqlen_q x seqlen_k, normalised by
-// FlashAttention-3's rules (flash3.h): negative sides unbounded, sides that
-// cut nothing (left >= seqlen_k - 1, right >= seqlen_q - 1) unbounded, causal
-// sets right = 0. Afterwards window_left < seqlen_k and window_right <
-// seqlen_q, so the kernels' int32 mask arithmetic cannot overflow (seqlen_q +
-// seqlen_k is bounded by validation). Sets is_causal, is_local and the window.
-void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p);
+// Lowering (validated args -> these params): plan/lower.h.
 
 }  // namespace flash3

@@ -22,7 +22,7 @@
 #include <cutlass/fast_math.h>
 
 #include "common/cute_utils.h"
-#include "common/params.h"
+#include "common/score_mod_kind.h"
 
 namespace flash3 {
 

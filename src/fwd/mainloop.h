@@ -19,6 +19,7 @@
 #include "common/block_info.h"
 #include "common/cute_utils.h"
 #include "common/named_barriers.h"
+#include "flash3/flash3.h"  // kFp8ScaleBlock
 #include "fusion/mask.h"
 #include "fusion/softmax.h"
 #if FLASH3_SERVING_WIP

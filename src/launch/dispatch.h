@@ -7,6 +7,7 @@
 #pragma once
 #include "bwd/workspace.h"
 #include "common/params.h"
+#include "plan/fwd_plan.h"
 
 namespace flash3 {
 
@@ -16,26 +17,10 @@ bool fwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mo
 bool bwd_kernel_built(DType dtype, int head_dim, int head_dim_v, ScoreModKind mod = ScoreModKind::kIdentity);
 // Whether the PackGQA forward unit of (dtype, head_dim, head_dim_v) is built.
 bool fwd_pack_kernel_built(DType dtype, int head_dim, int head_dim_v);
-// Whether launch_forward packs the query heads of a KV head into one tile
-// (PackGQA) for this problem: params.pack_gqa (1 on, 0 off, -1 heuristic)
-// where a packed unit exists (GQA/MQA, no softcap), else false.
-bool fwd_pack_gqa(const FwdParams& params);
-// How many KV splits launch_forward runs for this problem (1: none):
-// params.num_splits (1 none, 0 heuristic, n at most n) where a split-capable
-// (packed) unit exists, else 1.
-int fwd_num_splits(const FwdParams& params);
-// Launches the forward for validated params (mask variant chosen inside);
-// params.workspace must hold forward_workspace_bytes(params) where that is > 0.
-Status launch_forward(const FwdParams& params, cudaStream_t stream);
-// The forward's scratch: the varlen prep kernel's maps (tensor maps, sequences,
-// tile map: varlen_scratch_bytes over the packed or unpacked query-tile bound)
-// or, for fixed length, the tile counter of the persistent causal kernels
-// (DynamicLptTileScheduler: causal, d <= 128, short seqlen_k or d <= 64;
-// fwd_launch.cuh's run_fwd makes the same choice and reports a missing
-// workspace as kInternal); 0 otherwise. Split launches add their fp32
-// partials after it (split_kv.h).
-constexpr size_t kFwdTileCounterBytes = 256;
-size_t forward_workspace_bytes(const FwdParams& params);
+// Launches the forward a plan describes (plan/fwd_plan.h: the unit, the mask
+// variant and scheduler chosen from its fields); plan.params.workspace must
+// hold plan.workspace.bytes where that is > 0.
+Status launch_forward(const FwdPlan& plan, cudaStream_t stream);
 // Launches preprocess, main kernel and postprocess for validated params;
 // params.workspace must hold backward_workspace_bytes(params).
 Status launch_backward(const BwdParams& params, cudaStream_t stream);

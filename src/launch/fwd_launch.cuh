@@ -18,7 +18,7 @@
 #include "fwd/varlen_prep.h"
 #include "combine/combine.h"
 #include "launch/launch_kernel.cuh"
-#include "launch/split_kv.h"
+#include "plan/fwd_plan.h"
 
 namespace flash3 {
 
@@ -86,7 +86,7 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   kp.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if constexpr (Traits::kPackGQA) {
     // P query heads per tile: g when packing (p.pack_gqa == 1, decided by
-    // launch_forward), 1 for a split launch that does not pack. Tiles over
+    // plan_forward), 1 for a split launch that does not pack. Tiles over
     // seqlen_q x P packed rows (fwd_pack_gqa keeps that product, and the
     // packed row index, below 2^31); the schedulers span heads x splits.
     const int pack = p.pack_gqa == 1 ? kp.heads_per_kv : 1;
@@ -146,14 +146,18 @@ Status build_fwd_kernel_params(const FwdParams& p, KParams& kp) {
   return Status::Ok();
 }
 
-// Split launches: the partials' place in the workspace (after base_bytes of
-// other scratch) and their strides; rows = batch x seqlen_q or total_q.
+// Split launches: the partials at the plan's offsets in the workspace
+// (FwdWorkspaceLayout::split) and their strides; rows = batch x seqlen_q or
+// total_q.
 template <class Traits, class KParams>
-Status set_split_partials(const FwdParams& p, KParams& kp, size_t base_bytes) {
+Status set_split_partials(const FwdPlan& plan, KParams& kp) {
   if (kp.num_splits <= 1) return Status::Ok();
+  const FwdParams& p = plan.params;
   if (p.workspace == nullptr) return Status{StatusCode::kInternal, "split forward: no workspace"};
+  if (kp.num_splits != p.num_splits || plan.workspace.split.bytes == 0)
+    return Status{StatusCode::kInternal, "split forward: the plan's workspace has no partials for this launch"};
   const int64_t sq = p.seqlen_q, rows = int64_t(p.varlen ? 1 : p.batch) * sq;
-  const FwdSplitLayout l = fwd_split_layout(base_bytes, kp.num_splits, rows, p.heads_q, p.head_dim_v);
+  const FwdSplitLayout& l = plan.workspace.split;
   char* base = static_cast<char*>(p.workspace);
   kp.lse_partial = reinterpret_cast<float*>(base + l.lse_offset);
   kp.o_partial = reinterpret_cast<float*>(base + l.o_offset);
@@ -203,8 +207,9 @@ Status combine_split_partials(const FwdParams& p, KParams const& kp, cudaStream_
 }
 
 template <class Traits, class Scheduler>
-Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
+Status launch_fwd_variant(const FwdPlan& plan, cudaStream_t stream) {
   using Element = typename Traits::Element;
+  const FwdParams& p = plan.params;
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(p, kp));
 
@@ -226,13 +231,14 @@ Status launch_fwd_variant(const FwdParams& p, cudaStream_t stream) {
     // other streams and in CUDA graphs, unlike a shared counter that the
     // kernel resets itself).
     int* tile_counter = static_cast<int*>(p.workspace);
-    if (tile_counter == nullptr) return Status{StatusCode::kInternal, "forward: no workspace for the tile counter"};
+    if (tile_counter == nullptr || plan.workspace.tile_counter_bytes < sizeof(int))
+      return Status{StatusCode::kInternal, "forward: no workspace for the tile counter in the plan or the call"};
     FLASH3_RETURN_IF_ERROR(
         cuda_call(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream), "cudaMemsetAsync(tile counter)"));
     return launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads), smem, stream,
                                       kp, tile_counter);
   }
-  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, 0));
+  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(plan, kp));
   FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>("flash3 forward kernel launch", grid, dim3(Traits::kNumThreads),
                                                     smem, stream, kp, static_cast<int*>(nullptr)));
   if constexpr (Traits::kSplit) return combine_split_partials<Traits>(p, kp, stream);
@@ -286,8 +292,9 @@ inline FwdParams varlen_as_one_batch(const FwdParams& p) {
 // so no tensor maps are needed. The split
 // partials start at the workspace's base.
 template <class Traits>
-Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
+Status launch_fwd_kvcache_direct(const FwdPlan& plan, cudaStream_t stream) {
   static_assert(Traits::kPagedKV, "the packed varlen kernels gather K/V");
+  const FwdParams& p = plan.params;
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
   kp.tile_order = -1;
@@ -301,7 +308,7 @@ Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
   const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;
   if (m_blocks * p.batch > int64_t(INT32_MAX)) return Status::Invalid("kvcache: more than 2^31 query tiles");
   kp.num_m_blocks = int(m_blocks);
-  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, 0));
+  if constexpr (Traits::kSplit) FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(plan, kp));
   // The varlen kernel itself: with kv_direct it takes its tile from
   // KVCacheTileScheduler's grid at run time (one instantiation serves both).
   constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
@@ -316,10 +323,11 @@ Status launch_fwd_kvcache_direct(const FwdParams& p, cudaStream_t stream) {
 // and tile map, all on the device), then the attention kernel over the tile
 // map's upper bound, on one stream; both use the call's workspace.
 template <class Traits>
-Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
+Status launch_fwd_varlen(const FwdPlan& plan, cudaStream_t stream) {
   static_assert(Traits::kVarlen && !Traits::kPersistent, "varlen runs one tile per CTA");
+  const FwdParams& p = plan.params;
   if constexpr (Traits::kPagedKV) {
-    if (p.kv_cache && p.kv_direct && !p.kv_tile_map) return launch_fwd_kvcache_direct<Traits>(p, stream);
+    if (p.kv_cache && p.kv_direct && !p.kv_tile_map) return launch_fwd_kvcache_direct<Traits>(plan, stream);
   }
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_fwd_kernel_params<Traits>(varlen_as_one_batch(p), kp));
@@ -330,9 +338,11 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   if constexpr (Traits::kPackGQA) rows *= kp.pack_divmod.divisor;
   const int64_t bound = varlen_tiles_bound(rows, p.batch, Traits::kBlockM);
   if (bound > int64_t(INT32_MAX)) return Status::Invalid("varlen: more than 2^31 query tiles");
-  // The scratch is the call's workspace (forward_workspace_bytes sizes it
-  // with the same tile shape and packing).
+  // The scratch is the call's workspace, sized by the plan for this tile
+  // shape and packing.
   if (p.workspace == nullptr) return Status{StatusCode::kInternal, "varlen forward: no workspace"};
+  if (bound != plan.workspace.varlen_tiles)
+    return Status{StatusCode::kInternal, "varlen forward: the plan's workspace is sized for another tile bound"};
   kp.varlen = varlen_scratch_at(p.workspace, p.batch, bound);
 #if FLASH3_SERVING_WIP
   if constexpr (Traits::kPagedKV) {
@@ -358,7 +368,7 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   FLASH3_RETURN_IF_ERROR(launch_kernel("flash3 varlen prep launch", flash_fwd_varlen_prep_kernel<Traits>,
                                        varlen_prep_grid(p.batch), dim3(kVarlenPrepThreads), 0, stream, kp, a));
   if constexpr (Traits::kSplit) {
-    FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(p, kp, varlen_scratch_bytes(p.batch, bound)));
+    FLASH3_RETURN_IF_ERROR(set_split_partials<Traits>(plan, kp));
   }
   constexpr auto kernel = &flash_fwd_kernel<Traits, VarlenTileScheduler>;
   FLASH3_RETURN_IF_ERROR(launch_kernel_smem<kernel>(
@@ -375,57 +385,59 @@ Status launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
 // spill; docs/performance.md.)
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal,
           bool kPackGQA = false>
-Status run_fwd_varlen_mask(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_varlen_mask(const FwdPlan& plan, cudaStream_t stream) {
   using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
-  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod, kPackGQA>>(p, stream);
+  return launch_fwd_varlen<FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod, kPackGQA>>(plan, stream);
 }
 
 // PackGQA (fixed length): the varlen tile shapes (one tile per CTA), causal
 // and local tiles in longest-first order.
 template <class Element, int kHeadDim, int kHeadDimV, class Mask, class Scheduler, bool kCausalOrLocal>
-Status run_fwd_packed_mask(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_packed_mask(const FwdPlan& plan, cudaStream_t stream) {
   using Cfg = OneTileConfig<DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft>>;
   using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, false, ScoreModIdentity, true>;
-  return launch_fwd_variant<Traits, Scheduler>(p, stream);
+  return launch_fwd_variant<Traits, Scheduler>(plan, stream);
 }
 
 // The PackGQA unit's entry (the manifest's "packgqa" feature; dispatch.cu
-// calls it where fwd_pack_gqa says so).
+// calls it where the plan says so: FwdPlan::packed_unit).
 template <class Element, int kHeadDim, int kHeadDimV>
-Status run_fwd_packed(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_packed(const FwdPlan& plan, cudaStream_t stream) {
+  const FwdParams& p = plan.params;
   if (p.varlen) {
-    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskLocal, true, true>(p, stream);
-    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskCausal, true, true>(p, stream);
-    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskNone, false, true>(p, stream);
+    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskLocal, true, true>(plan, stream);
+    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskCausal, true, true>(plan, stream);
+    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreModIdentity, MaskNone, false, true>(plan, stream);
   }
-  if (p.is_local) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(p, stream);
-  if (p.is_causal) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(p, stream);
-  return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(p, stream);
+  if (p.is_local) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskLocal, LptTileScheduler, true>(plan, stream);
+  if (p.is_causal) return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskCausal, LptTileScheduler, true>(plan, stream);
+  return run_fwd_packed_mask<Element, kHeadDim, kHeadDimV, MaskNone, SingleTileScheduler, false>(plan, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, class Scheduler,
           bool kCausalOrLocal, bool kShortCausal = false>
-Status run_fwd_mask(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_mask(const FwdPlan& plan, cudaStream_t stream) {
   constexpr bool kFp8 = sizeof(Element) == 1;
   using Base = DefaultFwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, Mask::kHasLeft, kShortCausal, kFp8>;
   using PersistentSched = std::conditional_t<kCausalOrLocal, DynamicLptTileScheduler, PersistentTileScheduler>;
   using Sched = std::conditional_t<Base::value.persistent, PersistentSched, Scheduler>;
   using Traits = FwdTraits<Element, kHeadDim, kHeadDimV, Base, Mask, false, ScoreMod, false, FwdOutputOf<Element>>;
-  return launch_fwd_variant<Traits, Sched>(p, stream);
+  return launch_fwd_variant<Traits, Sched>(plan, stream);
 }
 
 // Mask variant and scheduler: causal/local tiles are unequal, so they use the
 // longest-first order; unmasked tiles keep m_block fastest for L2 reuse.
 // ScoreMod (the manifest's feature axis) is fixed per generated unit.
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
-Status run_fwd_16bit(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd_16bit(const FwdPlan& plan, cudaStream_t stream) {
+  const FwdParams& p = plan.params;
   if (p.varlen) {
-    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true>(p, stream);
-    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true>(p, stream);
-    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false>(p, stream);
+    if (p.is_local) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true>(plan, stream);
+    if (p.is_causal) return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true>(plan, stream);
+    return run_fwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false>(plan, stream);
   }
   if (p.is_local) {
-    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(p, stream);
+    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(plan, stream);
   }
   if (p.is_causal) {
     // Head dims whose causal problems all take the short-causal kernel
@@ -433,29 +445,31 @@ Status run_fwd_16bit(const FwdParams& p, cudaStream_t stream) {
     constexpr bool kAlwaysShort = fwd_short_causal(kHeadDim, std::numeric_limits<int>::max());
     static_assert(!kAlwaysShort || fwd_has_short_causal(kHeadDim, kHeadDimV), "short-causal kernel missing");
     if constexpr (fwd_has_short_causal(kHeadDim, kHeadDimV)) {
-      if (kAlwaysShort || fwd_short_causal(kHeadDim, p.seqlen_k)) {
-        return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true, true>(p,
+      // The plan's choice (fwd_short_causal on seqlen_k): the persistent kernel with the tile counter.
+      if (kAlwaysShort || plan.dynamic_causal) {
+        return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true, true>(plan,
                                                                                                               stream);
       }
     }
     if constexpr (!kAlwaysShort) {
-      return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(p, stream);
+      return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(plan, stream);
     }
   }
-  return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(p, stream);
+  return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(plan, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
-Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+Status run_fwd(const FwdPlan& plan, cudaStream_t stream) {
+  const FwdParams& p = plan.params;
   if constexpr (sizeof(Element) == 1) {
     // FP8: fixed length; causal and local tiles one per CTA, longest first
     // (no short-causal persistent kernel: fwd_tile_config).
     if (p.varlen) return Status::NotSupported("fp8 with variable-length batches (opts.cu_seqlens_q)");
-    if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(p, stream);
-    if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(p, stream);
-    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(p, stream);
+    if (p.is_local) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, LptTileScheduler, true>(plan, stream);
+    if (p.is_causal) return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, LptTileScheduler, true>(plan, stream);
+    return run_fwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, SingleTileScheduler, false>(plan, stream);
   } else {
-    return run_fwd_16bit<Element, kHeadDim, kHeadDimV, ScoreMod>(p, stream);
+    return run_fwd_16bit<Element, kHeadDim, kHeadDimV, ScoreMod>(plan, stream);
   }
 }
 

@@ -7,9 +7,9 @@
 #pragma once
 #include <cutlass/cutlass.h>
 
-#include "bwd/workspace.h"
 #include "common/block_info.h"
 #include "config/tile_size.h"
+#include "scheduler/bwd_split.h"
 #include "scheduler/tile_scheduler.h"
 
 namespace flash3 {

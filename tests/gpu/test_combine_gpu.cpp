@@ -34,6 +34,7 @@
 #include "combine/combine.h"
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
+#include "plan/lower.h"
 
 namespace {
 

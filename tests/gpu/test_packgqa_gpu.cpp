@@ -16,7 +16,7 @@
 // (d) pack_gqa = 1 (or the heuristic picks it); elsewhere the unpacked kernel
 // runs and a "packed" case would pass without testing the packed kernel. So
 // the packed suites run only where the unit is listed, assert (b) to (d) for
-// every case, and check fwd_pack_gqa() (launch/dispatch.h) on every call.
+// every case, and check fwd_pack_gqa() (plan/fwd_plan.h) on every call.
 //
 // Suites:
 //   PackGqa/PackGqaFwd       pack_gqa = 1, every head dim (bf16 all 56 cases, then
@@ -59,6 +59,7 @@
 #include "gpu_test_util.h"
 #include "reference/reference.h"
 #include "varlen_case.h"
+#include "plan/lower.h"
 
 // Internal: the launch's PackGQA decision on lowered params.
 #include "common/params.h"

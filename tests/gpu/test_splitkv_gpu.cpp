@@ -18,7 +18,7 @@
 // Splitting runs only in the packed units (PackGQA, with a pack factor of 1
 // for MHA / pack_gqa = 0) and without softcap; elsewhere the unsplit kernel
 // runs with the same results. Every call checks the launch's decision
-// (fwd_num_splits, launch/dispatch.h): 1 for num_splits = 1 or without a
+// (fwd_num_splits, plan/fwd_plan.h): 1 for num_splits = 1 or without a
 // split-capable unit (variants.txt's packgqa unit), min(n, KV blocks) for
 // n > 1, and at most min(256, KV blocks) for the heuristic (0). So in a build
 // without the packed units these tests still run and check the fallback.
@@ -66,13 +66,14 @@
 #include "graph_capture.h"
 #include "reference/reference.h"
 #include "varlen_case.h"
+#include "plan/lower.h"
 
 // Internal: the launch's split decision on lowered params, the KV tile width
 // it counts blocks in, and the clamp it applies.
 #include "common/params.h"
 #include "config/tile_size.h"
 #include "launch/dispatch.h"
-#include "launch/split_heuristic.h"
+#include "plan/split_heuristic.h"
 
 namespace {
 

@@ -1,35 +1,33 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Copyright (c) 2026 the flash3 authors
 //
-// A fixture for CPU tests that call the entry points past validation: sets
-// FLASH3_SKIP_DEVICE_CHECK=1 (the pointers are host memory, no GPU is
-// needed) for the test and restores the caller's value afterwards.
+// CPU tests that call the entry points past validation turn the library's
+// device checks off (set_device_checks_for_testing: the pointers are host
+// memory, no GPU is needed) and restore the previous state afterwards.
 #pragma once
-#include <cstdlib>
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include "api/checks.h"
+#include "api/validate.h"
 
 namespace flash3::testutil {
 
-constexpr const char* kSkipDeviceCheckEnv = "FLASH3_SKIP_DEVICE_CHECK";
+// Device checks on or off for this object's lifetime; set() switches within it.
+class DeviceChecks {
+ public:
+  explicit DeviceChecks(bool on) : was_on_(!device_check_skipped()) { set(on); }
+  ~DeviceChecks() { set_device_checks_for_testing(was_on_); }
+  DeviceChecks(const DeviceChecks&) = delete;
+  DeviceChecks& operator=(const DeviceChecks&) = delete;
+  void set(bool on) { set_device_checks_for_testing(on); }
+
+ private:
+  bool was_on_;
+};
 
 class SkipDeviceCheckTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const char* v = std::getenv(kSkipDeviceCheckEnv);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv(kSkipDeviceCheckEnv, "1", 1);
-  }
-  void TearDown() override {
-    if (had_) setenv(kSkipDeviceCheckEnv, old_.c_str(), 1);
-    else unsetenv(kSkipDeviceCheckEnv);
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
+  DeviceChecks device_checks_{false};
 };
 
 }  // namespace flash3::testutil

@@ -3,7 +3,7 @@
 //
 // CPU tests of the C ABI (include/flash3/flash3_c.h): defaults, status codes,
 // flash3_last_error(), NULL handling and agreement with the C++ API. Uses fake,
-// aligned device addresses with FLASH3_SKIP_DEVICE_CHECK=1 (nothing is launched).
+// aligned device addresses with the device checks off (nothing is launched).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,7 +22,6 @@
 
 namespace {
 
-constexpr const char* kSkipEnv = flash3::testutil::kSkipDeviceCheckEnv;
 
 flash3_tensor tensor(uintptr_t addr, int32_t dtype, int32_t ndim, std::initializer_list<int64_t> shape) {
   flash3_tensor t;
@@ -675,7 +674,7 @@ TEST_F(CApi, DeviceIsSupportedNeverCrashes) {
 }
 
 TEST_F(CApi, ForwardWithoutSkipFailsCleanly) {
-  unsetenv(kSkipEnv);
+  device_checks_.set(true);
   Fwd f;
   const flash3_status s = f.forward();
   EXPECT_TRUE(s == FLASH3_CUDA_ERROR || s == FLASH3_INVALID_ARGUMENT || s == FLASH3_NOT_SUPPORTED)

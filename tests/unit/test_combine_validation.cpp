@@ -20,6 +20,7 @@
 #include "combine/combine.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
+#include "plan/lower.h"
 #include "skip_device_check.h"
 #include "status_matchers.h"
 

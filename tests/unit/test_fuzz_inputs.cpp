@@ -80,7 +80,6 @@ using flash3::StatusCode;
 using flash3::TensorView;
 
 constexpr uint64_t kSeed = 0x39f0221e5eedull;
-constexpr const char* kSkipEnv = flash3::testutil::kSkipDeviceCheckEnv;
 using flash3::unittest::code_name;
 
 // ---------------------------------------------------------------------------
@@ -152,14 +151,11 @@ class Rng {
   std::mt19937_64 g_;
 };
 
-// FLASH3_SKIP_DEVICE_CHECK for the duration of a test (the caller's value
-// restored afterwards); skip_device_check() turns it off and on within it.
+// Device checks off for the duration of a test (the previous state restored
+// afterwards); skip_device_check() switches them within it.
 class FuzzInputs : public flash3::testutil::SkipDeviceCheckTest {};
 
-void skip_device_check(bool skip) {
-  if (skip) setenv(kSkipEnv, "1", 1);
-  else unsetenv(kSkipEnv);
-}
+void skip_device_check(bool skip) { flash3::set_device_checks_for_testing(!skip); }
 
 // ---------------------------------------------------------------------------
 // Outcome bookkeeping: failures grouped by kind, one example each.

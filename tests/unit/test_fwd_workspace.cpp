@@ -8,7 +8,7 @@
 // workspace that is too small or misaligned is rejected after validation and
 // before anything is launched, by flash3::forward and by
 // flash3_forward_with_workspace alike. Fake, aligned device addresses with
-// FLASH3_SKIP_DEVICE_CHECK=1: nothing is dereferenced or launched.
+// Device checks off (skip_device_check.h): nothing is dereferenced or launched.
 #include <gtest/gtest.h>
 
 #include <cstddef>

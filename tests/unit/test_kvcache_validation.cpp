@@ -16,6 +16,7 @@
 #include "api/validate.h"
 #include "flash3/flash3.h"
 #include "flash3/flash3_c.h"
+#include "plan/lower.h"
 #include "status_matchers.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Copyright (c) 2026 the flash3 authors
 //
-// Host-side split-KV logic (src/launch/split_heuristic.h): the heuristic
+// Host-side split-KV logic (src/plan/split_heuristic.h): the heuristic
 // behind AttentionOptions::num_splits = 0 and the clamp of requested counts.
 // The wave efficiency and the blocks per piece are recomputed here from their
 // definitions (integer arithmetic), not taken from the header.
@@ -12,7 +12,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "launch/split_heuristic.h"
+#include "plan/split_heuristic.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 // on a machine without a GPU, and make_fwd_params() normalisation.
 //
 // Tensors use fake, suitably aligned device addresses; nothing is dereferenced.
-// FLASH3_SKIP_DEVICE_CHECK=1 is set by the fixtures (except ValidationDevice).
+// The fixtures turn the device checks off (except ValidationDevice).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,6 +24,8 @@
 #include "common/params.h"
 #include "flash3/flash3.h"
 #include "launch/dispatch.h"
+#include "plan/lower.h"
+#include "skip_device_check.h"
 #include "status_matchers.h"
 
 namespace {
@@ -40,32 +42,11 @@ using flash3::Status;
 using flash3::StatusCode;
 using flash3::TensorView;
 
-constexpr const char* kSkipEnv = "FLASH3_SKIP_DEVICE_CHECK";
 
 void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
 
 // Status has `code` and every substring of `subs` appears in its message.
 
-// Saves and restores one environment variable.
-class EnvVar {
- public:
-  explicit EnvVar(const char* name) : name_(name) {
-    const char* v = std::getenv(name);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-  }
-  ~EnvVar() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  void set(const char* v) { setenv(name_, v, 1); }
-  void unset() { unsetenv(name_); }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 // A (b, s, h, d) contiguous view.
 TensorView bshd(void* p, DType dt, int64_t b, int64_t s, int64_t h, int64_t d) {
@@ -150,8 +131,7 @@ bool softcap_built(bool forward_pass, DType dt, int d, int dv) {
 
 class ValidationForward : public ::testing::Test {
  protected:
-  void SetUp() override { env_.set("1"); }
-  EnvVar env_{kSkipEnv};
+  flash3::testutil::DeviceChecks checks_{false};
 };
 
 class ValidationBackward : public ValidationForward {};
@@ -1567,8 +1547,7 @@ TEST(ValidationTensorView, ContiguousStridesAndNumel) {
 // ----------------------------------------------------------------------------
 class ValidationDevice : public ::testing::Test {
  protected:
-  void SetUp() override { env_.unset(); }
-  EnvVar env_{kSkipEnv};
+  flash3::testutil::DeviceChecks checks_{true};
 };
 
 TEST_F(ValidationDevice, ForwardWithoutSkipFailsCleanly) {
@@ -1642,15 +1621,15 @@ TEST_F(ValidationDevice, VarlenHostArraysPassWhenDeviceCheckSkipped) {
   a.opts.seqused_q = a.opts.seqused_k = host;
   const Status unchecked = flash3::validate_forward(a);
   EXPECT_FALSE(unchecked.ok());  // fake tensors / no GPU / not built
-  env_.set("1");
+  checks_.set(false);
   expect_valid_forward(a);
 }
 
-TEST_F(ValidationDevice, SkipVariableIsHonoured) {
+TEST_F(ValidationDevice, DeviceChecksSwitch) {
   EXPECT_FALSE(flash3::device_check_skipped());
-  env_.set("1");
+  checks_.set(false);
   EXPECT_TRUE(flash3::device_check_skipped());
-  env_.set("0");
+  checks_.set(true);
   EXPECT_FALSE(flash3::device_check_skipped());
 }
 
