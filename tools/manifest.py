@@ -103,7 +103,7 @@ def main():
                         if p not in passes or (dt == "e4m3" and f not in FP8_FEATURES):
                             continue
                         name = f"{p}_{dt}_hd{d}x{dv}{suffix}.cu"
-                        params = "FwdPlan" if p == "fwd" else "BwdParams"
+                        params = "FwdPlan" if p == "fwd" else "BwdPlan"
                         if f == "packgqa":
                             inst = f"run_fwd_packed<{ctype}, {d}, {dv}>"
                             rows.append(f"FLASH3_FWD_PACKGQA({enum}, {ctype}, {d}, {dv})")

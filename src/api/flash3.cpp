@@ -77,9 +77,9 @@ size_t workspace_bytes_for(const BackwardArgs& args, int64_t batch) {
   p.seqlen_k = static_cast<int>(k.shape[1]);
   p.heads_kv = static_cast<int>(k.shape[2]);
   apply_mask_options(args.opts, p.seqlen_q, p.seqlen_k, &p);
-  return backward_workspace_bytes(p);
+  return plan_backward(p).workspace_bytes;
 }
-// Varlen scratch (bwd_varlen_workspace): depends on the totals, the head
+// Varlen scratch (BwdPlan's varlen layout): depends on the totals, the head
 // counts and dims, the number of sequences and, through the tile config,
 // max_seqlen_q and the mask. 0 for malformed shapes.
 size_t varlen_workspace_bytes(const BackwardArgs& args) {
@@ -103,7 +103,7 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
   p.max_seqlen_q = std::max(args.opts.max_seqlen_q, 1);  // as make_bwd_params plans 0
   p.max_seqlen_k = std::max(args.opts.max_seqlen_k, 1);
   apply_mask_options(args.opts, p.max_seqlen_q, p.max_seqlen_k, &p);
-  return backward_workspace_bytes(p);
+  return plan_backward(p).workspace_bytes;
 }
 // The forward's scratch for q / k / v's shapes and the options: the largest
 // of its launches' plans (fixed length: batch slices of batch_per_launch
@@ -126,14 +126,22 @@ size_t forward_workspace_bytes_of(const ForwardArgs& args) {
 }
 
 // One launch of a call: its plan, run on the call's scratch (which the plan
-// must fit: forward_workspace_bytes_of sized it from the same plans).
+// must fit: the size queries sized it from the same plans).
+Status plan_too_big(const char* pass, size_t need, size_t sized) {
+  return {StatusCode::kInternal, std::string(pass) + ": the launch's plan needs " + std::to_string(need) +
+                                     " bytes of workspace, the call sized " + std::to_string(sized)};
+}
 Status launch_planned(const FwdParams& problem, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   FwdPlan plan = plan_forward(problem);
-  if (plan.workspace.bytes > workspace_bytes)
-    return {StatusCode::kInternal, "forward: the launch's plan needs " + std::to_string(plan.workspace.bytes) +
-                                       " bytes of workspace, the call sized " + std::to_string(workspace_bytes)};
+  if (plan.workspace.bytes > workspace_bytes) return plan_too_big("forward", plan.workspace.bytes, workspace_bytes);
   plan.params.workspace = workspace;
   return launch_forward(plan, stream);
+}
+Status launch_planned(const BwdParams& problem, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  BwdPlan plan = plan_backward(problem);
+  if (plan.workspace_bytes > workspace_bytes) return plan_too_big("backward", plan.workspace_bytes, workspace_bytes);
+  plan.params.workspace = workspace;
+  return launch_backward(plan, stream);
 }
 
 // A call's scratch: the caller's (checked: size and 256-byte alignment) or,
@@ -204,25 +212,19 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
     if (!s.ok()) return s;
     if (backward_is_empty(args)) return Status::Ok();  // nothing to write
     if (!device_check_skipped()) FLASH3_RETURN_IF_ERROR(check_stream_device(stream));
+    const size_t need = backward_workspace_size(args);
     Scratch ws;
-    FLASH3_RETURN_IF_ERROR(ws.acquire(args.workspace, args.workspace_bytes, backward_workspace_size(args),
-                                      "backward_workspace_size()", stream));
-    void* workspace = ws.ptr;
+    FLASH3_RETURN_IF_ERROR(ws.acquire(args.workspace, args.workspace_bytes, need, "backward_workspace_size()", stream));
     // Launches of consecutive batch slices share the scratch: they are ordered
     // on the stream. Varlen: one launch over all sequences.
     const bool varlen = args.opts.cu_seqlens_q != nullptr;
     const int64_t batch = varlen ? 1 : args.q.shape[0];
     const int64_t per_launch = varlen ? 1 : launch_batch(args.q, args.k);
     Status launched = Status::Ok();
-    if (varlen) {
-      BwdParams params = make_bwd_params(args);
-      params.workspace = workspace;
-      launched = launch_backward(params, stream);
-    }
+    if (varlen) launched = launch_planned(make_bwd_params(args), ws.ptr, need, stream);
     for (int64_t b0 = 0; !varlen && b0 < batch && launched.ok(); b0 += per_launch) {
-      BwdParams params = make_bwd_params(backward_slice(args, b0, std::min(per_launch, batch - b0)));
-      params.workspace = workspace;
-      launched = launch_backward(params, stream);
+      const BackwardArgs slice = backward_slice(args, b0, std::min(per_launch, batch - b0));
+      launched = launch_planned(make_bwd_params(slice), ws.ptr, need, stream);
     }
     return ws.release(launched, stream);
   } catch (const std::exception& e) {

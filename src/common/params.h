@@ -53,9 +53,9 @@ struct FwdParams {
   // at most n; fwd_num_splits() (launch/dispatch.h) decides. Forward only.
   int num_splits = 1;
 
-  // Scratch, 256-byte aligned: forward_workspace_bytes() (the tile counter,
-  // the varlen maps) or backward_workspace_bytes(); the caller's or allocated
-  // by the entry point, never null when the launch needs it.
+  // Scratch, 256-byte aligned, laid out by the launch's plan (FwdPlan /
+  // BwdPlan, src/plan/); the caller's or allocated by the entry point, never
+  // null when the launch needs it.
   void* workspace = nullptr;
 
   // Variable length (cu_seqlens_q set): batch = number of sequences,

@@ -15,6 +15,7 @@
 #include "common/cuda_check.h"
 #include "common/params.h"
 #include "launch/dispatch.h"
+#include "plan/bwd_plan.h"
 #include "launch/launch_kernel.cuh"
 
 namespace flash3 {
@@ -181,24 +182,50 @@ inline BwdPostParams bwd_post_params(const BwdParams& p, const BwdWorkspaceLayou
   return pp;
 }
 
+// The plan's tile must be the kernel's (plan_backward and the launch pick
+// the tile config by the same rules; a disagreement would carve the workspace
+// for another tile).
+template <class Traits>
+Status check_plan_tile(const BwdPlan& plan) {
+  if (plan.tile.tile_m == Traits::kBlockM && plan.tile.tile_n == Traits::kBlockN) return Status::Ok();
+  return Status{StatusCode::kInternal, "backward: the plan's tile is not this kernel's"};
+}
+
+// The params of a varlen problem as one fixed-length batch element holding
+// every row (batch stride = row stride), from which the launch's whole-tensor
+// maps are built; the prep kernel derives each sequence's maps from them.
+inline BwdParams bwd_varlen_as_one_batch(const BwdParams& p) {
+  BwdParams w = p;
+  w.batch = 1;
+  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  w.q_batch_stride = p.q_row_stride;
+  w.k_batch_stride = p.k_row_stride;
+  w.v_batch_stride = p.v_row_stride;
+  w.o_batch_stride = p.o_row_stride;
+  w.do_batch_stride = p.do_row_stride;
+  return w;
+}
+
 // Variable-length backward: the prep kernel (per-sequence info, tensor maps,
 // query- and KV-tile maps), preprocess over the query tiles, the main kernel
 // over the KV-tile map's upper bound (one KV block per CTA, no split plan, no
 // row shift) and postprocess, on one stream. The per-query-block scratch is
 // laid out as one batch element of (query-tile bound) blocks, followed by the
-// prep kernel's scratch (bwd_varlen_workspace).
+// prep kernel's scratch (BwdPlan::varlen_scratch_offset).
 template <class Traits>
-Status launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
+Status launch_bwd_varlen(const BwdPlan& plan, cudaStream_t stream) {
   using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  const BwdVarlenWorkspace vw = bwd_varlen_workspace(p, kBlockM, kBlockN);
-  const BwdWorkspaceLayout& w = vw.layout;
+  constexpr int kBlockM = Traits::kBlockM;
+  FLASH3_RETURN_IF_ERROR(check_plan_tile<Traits>(plan));
+  const BwdParams& p = plan.params;
+  const BwdWorkspaceLayout& w = plan.layout;
   char* ws = static_cast<char*>(p.workspace);
   const int q_bound = w.num_m_blocks;
 
   typename Traits::Params kp{};
   FLASH3_RETURN_IF_ERROR(build_bwd_kernel_params<Traits>(bwd_varlen_as_one_batch(p), w, 0, kp));
-  kp.varlen = varlen_scratch_at(ws + vw.scratch_offset, p.batch, q_bound, vw.kv_tiles_bound);
+  kp.varlen = varlen_scratch_at(ws + plan.varlen_scratch_offset, p.batch, q_bound, plan.kv_tiles_bound);
   kp.tile_group = 0;
   kp.tail_heads = 0;
   kp.num_n_blocks = 0;
@@ -225,7 +252,7 @@ Status launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
                                        flash_bwd_preprocess_kernel<Element, Traits::kHeadDimV, kBlockM, true>,
                                        dim3(q_bound, p.heads_q, 1), dim3(kBlockM * 4), 0, stream, pp));
   FLASH3_RETURN_IF_ERROR((launch_kernel_smem<&flash_bwd_kernel<Traits, true, false>>(
-      "flash3 backward kernel launch", dim3(vw.kv_tiles_bound, p.heads_kv, 1), dim3(Traits::kNumThreads),
+      "flash3 backward kernel launch", dim3(plan.kv_tiles_bound, p.heads_kv, 1), dim3(Traits::kNumThreads),
       Traits::kSmemBytes, stream, kp)));
   BwdPostParams post = bwd_post_params(p, w, 0);
   post.q_tiles = kp.varlen.tiles;
@@ -235,25 +262,27 @@ Status launch_bwd_varlen(const BwdParams& p, cudaStream_t stream) {
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal, bool kShortQ>
-Status run_bwd_varlen_mask(const BwdParams& p, cudaStream_t stream) {
+Status run_bwd_varlen_mask(const BwdPlan& plan, cudaStream_t stream) {
   using Cfg = DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>;
-  return launch_bwd_varlen<BwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod>>(p, stream);
+  return launch_bwd_varlen<BwdTraits<Element, kHeadDim, kHeadDimV, Cfg, Mask, true, ScoreMod>>(plan, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, class Mask, bool kCausalOrLocal, bool kShortQ>
-Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
+Status run_bwd_mask(const BwdPlan& plan, cudaStream_t stream) {
   using Traits =
       BwdTraits<Element, kHeadDim, kHeadDimV, DefaultBwdConfig<kHeadDim, kHeadDimV, kCausalOrLocal, kShortQ>, Mask,
                 false, ScoreMod>;
   constexpr int kBlockM = Traits::kBlockM;
+  FLASH3_RETURN_IF_ERROR(check_plan_tile<Traits>(plan));
+  const BwdParams& p = plan.params;
   // Causal/local launches put the KV blocks in gridDim.y (BwdScheduler::grid).
   if (kCausalOrLocal && (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN > kMaxGridYZ)
     return Status::NotSupported("causal or local backward with seqlen_k " + std::to_string(p.seqlen_k) + " > " +
                                 std::to_string(int64_t(kMaxGridYZ) * Traits::kBlockN) +
                                 " for this head dim (65535 KV blocks in gridDim.y)");
-  BwdSplitPlan split;
-  const BwdWorkspaceLayout w = bwd_workspace_for(p, kBlockM, Traits::kBlockN, &split);
-  const int row_shift = bwd_row_shift(w, p.seqlen_q, kCausalOrLocal);
+  const BwdSplitPlan& split = plan.split;
+  const BwdWorkspaceLayout& w = plan.layout;
+  const int row_shift = plan.row_shift;
 
   if (w.num_m_blocks > 0) {
     BwdPrepParams pp = bwd_prep_params(p, w, row_shift);
@@ -277,31 +306,30 @@ Status run_bwd_mask(const BwdParams& p, cudaStream_t stream) {
 // Mask variant: causal/local blocks are unequal (LPT block order), unmasked
 // blocks keep n_block fastest for L2 reuse.
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod, bool kShortQ>
-Status run_bwd_masks(const BwdParams& p, cudaStream_t stream) {
+Status run_bwd_masks(const BwdPlan& plan, cudaStream_t stream) {
+  const BwdParams& p = plan.params;
   if (p.varlen) {
     if (p.is_local) {
-      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(p, stream);
+      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(plan, stream);
     }
     if (p.is_causal) {
-      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(p, stream);
+      return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(plan, stream);
     }
-    return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(p, stream);
+    return run_bwd_varlen_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(plan, stream);
   }
-  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(p, stream);
-  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(p, stream);
-  return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(p, stream);
+  if (p.is_local) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskLocal, true, kShortQ>(plan, stream);
+  if (p.is_causal) return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskCausal, true, kShortQ>(plan, stream);
+  return run_bwd_mask<Element, kHeadDim, kHeadDimV, ScoreMod, MaskNone, false, kShortQ>(plan, stream);
 }
 
 // Query-tile variant: short sequences of some head dims keep 64-row tiles
-// (bwd_short_tile; backward_workspace_bytes applies the same rule).
+// (the plan's short_tile: bwd_short_tile on the longest query sequence).
 template <class Element, int kHeadDim, int kHeadDimV, class ScoreMod>
-Status run_bwd(const BwdParams& p, cudaStream_t stream) {
+Status run_bwd(const BwdPlan& plan, cudaStream_t stream) {
   if constexpr (bwd_has_short_tile(kHeadDim)) {
-    if (bwd_short_tile(kHeadDim, bwd_tile_seqlen_q(p))) {
-      return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, true>(p, stream);
-    }
+    if (plan.short_tile) return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, true>(plan, stream);
   }
-  return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, false>(p, stream);
+  return run_bwd_masks<Element, kHeadDim, kHeadDimV, ScoreMod, false>(plan, stream);
 }
 
 }  // namespace flash3

@@ -401,7 +401,7 @@ TEST(BwdBlockRange, FrontPaddedGridCoversVisiblePairs) {
 }
 
 // d = 128 keeps 64-row query tiles below flash3::kBwdD128ShortSeqlen queries
-// (the kernels and backward_workspace_bytes both follow bwd_short_tile).
+// (plan_backward decides it with bwd_short_tile, and the kernels take the plan's).
 TEST(TileConfig, BackwardShortSequenceTile) {
   EXPECT_FALSE(flash3::bwd_has_short_tile(64));
   EXPECT_FALSE(flash3::bwd_has_short_tile(96));

@@ -3,8 +3,8 @@
 //
 // One plan per call (src/plan/): forward_plan() (get_scheduler_metadata in
 // Python) decides what the KV-cache launch then runs, the size queries return
-// the bytes of the plans the launches carve, and the workspace layout keeps
-// its arrays apart and aligned. Over a matrix of shapes and requests; with
+// the bytes of the plans the launches carve (forward and backward), and the
+// workspace layouts keep their arrays apart and aligned. Over a matrix of shapes and requests; with
 // the kernels of this build (no packgqa unit: nothing packs or splits, which
 // the comparisons cover as well). Host pointers, device checks off: nothing
 // is launched.
@@ -17,6 +17,7 @@
 #include "api/validate.h"
 #include "flash3/flash3.h"
 #include "launch/dispatch.h"
+#include "plan/bwd_plan.h"
 #include "plan/fwd_plan.h"
 #include "plan/kvcache_plan.h"
 #include "plan/lower.h"
@@ -162,6 +163,85 @@ TEST_F(Plan, SplitHeuristicUsesTheGivenSmCount) {
   expect_layout_sound(plan, "decode 1 x 64k, 132 SMs");
   const int none = 0;
   EXPECT_EQ(flash3::plan_forward(p, &none).params.num_splits, 1) << "no SMs known: no split";
+}
+
+// The backward's layout: the arrays in order, 256-byte aligned, the split
+// partials sized for the plan's pieces, the front padding only where masked.
+void expect_bwd_layout_sound(const flash3::BwdPlan& plan, const std::string& what) {
+  const flash3::BwdParams& p = plan.params;
+  const flash3::BwdWorkspaceLayout& w = plan.layout;
+  for (size_t off : {w.dpsum_offset, w.dq_accum_offset, w.sem_offset, w.split_partials_offset, w.split_count_offset})
+    EXPECT_EQ(off % 256, 0u) << what;
+  EXPECT_LT(w.lse_offset, w.dpsum_offset) << what;
+  EXPECT_LT(w.dpsum_offset, w.dq_accum_offset) << what;
+  EXPECT_LT(w.dq_accum_offset, w.sem_offset) << what;
+  EXPECT_LE(w.sem_offset, w.split_partials_offset) << what;
+  EXPECT_LE(w.split_partials_offset + size_t(plan.split.slots()) * plan.tile.tile_n * (p.head_dim + p.head_dim_v) * 4,
+            w.split_count_offset)
+      << what;
+  EXPECT_EQ(plan.tile.tile_m * w.num_m_blocks, w.seqlen_q_pad) << what;
+  if (!(p.is_causal || p.is_local)) EXPECT_EQ(plan.row_shift, 0) << what;
+  if (p.varlen) {
+    EXPECT_EQ(plan.split.pieces, 1) << what;
+    EXPECT_GE(plan.workspace_bytes, plan.varlen_scratch_offset) << what;
+  } else {
+    EXPECT_EQ(plan.workspace_bytes, w.bytes) << what;
+    EXPECT_EQ(plan.row_shift, (p.is_causal || p.is_local) ? w.seqlen_q_pad - p.seqlen_q : 0) << what;
+  }
+}
+
+// backward_workspace_size() is the launch plan's workspace (one launch at
+// these batch sizes); the plan's tile follows the short-sequence rule.
+TEST_F(Plan, BackwardWorkspaceIsTheLaunchPlans) {
+  for (const Shape& s : kShapes)
+    for (bool causal : {false, true}) {
+      const DType dt = DType::kBFloat16;
+      flash3::BackwardArgs a;
+      a.q = t4(0x10000000, dt, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+      a.k = t4(0x100000000, dt, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+      a.v = t4(0x200000000, dt, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+      a.out = t4(0x300000000, dt, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+      a.dout = t4(0x400000000, dt, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+      a.dq = t4(0x500000000, dt, s.batch, s.seqlen_q, s.heads_q, s.head_dim);
+      a.dk = t4(0x600000000, dt, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+      a.dv = t4(0x700000000, dt, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+      a.lse = TensorView::make4d(fake(0x800000000), DType::kFloat32, s.batch, s.heads_q, s.seqlen_q, 1,
+                                 int64_t(s.heads_q) * s.seqlen_q, s.seqlen_q, 1, 1);
+      a.lse.ndim = 3;
+      a.opts.causal = causal;
+      const std::string what = describe(s, a.opts);
+      ASSERT_TRUE(flash3::check_backward_structure(a).ok()) << what;
+      const flash3::BwdPlan plan = flash3::plan_backward(flash3::make_bwd_params(a));
+      EXPECT_EQ(flash3::backward_workspace_size(a), plan.workspace_bytes) << what;
+      EXPECT_EQ(plan.short_tile, flash3::bwd_short_tile(s.head_dim, s.seqlen_q)) << what;
+      expect_bwd_layout_sound(plan, what);
+    }
+}
+
+// With an SM count, an unmasked launch whose last wave is short splits it,
+// and the split partials fit in the plan's workspace; masked launches never
+// split. The plan is a pure function of the problem and the count.
+TEST_F(Plan, BackwardSplitUsesTheGivenSmCount) {
+  flash3::BwdParams p;
+  p.dtype = DType::kBFloat16;
+  p.batch = 2;
+  p.seqlen_q = p.seqlen_k = 8192;
+  p.heads_q = p.heads_kv = 16;
+  p.head_dim = p.head_dim_v = 128;
+  const int sms = 132;
+  const flash3::BwdPlan plan = flash3::plan_backward(p, &sms);
+  const int tiles = (8192 + plan.tile.tile_n - 1) / plan.tile.tile_n * 16 * 2;
+  EXPECT_GE(plan.split.ctas(), tiles);
+  // 2048 blocks on 132 SMs: 15.5 waves, the last one half empty (design.md).
+  EXPECT_GT(plan.split.pieces, 1) << tiles << " blocks on " << sms << " SMs";
+  expect_bwd_layout_sound(plan, "bwd 2 x 8k x 16 heads, 132 SMs");
+  p.is_causal = true;
+  const flash3::BwdPlan masked = flash3::plan_backward(p, &sms);
+  EXPECT_EQ(masked.split.pieces, 1);
+  expect_bwd_layout_sound(masked, "causal");
+  const int none = 0;
+  p.is_causal = false;
+  EXPECT_EQ(flash3::plan_backward(p, &none).split.pieces, 1) << "no SMs known: no split";
 }
 
 }  // namespace
