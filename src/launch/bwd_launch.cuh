@@ -16,6 +16,7 @@
 #include "common/params.h"
 #include "launch/dispatch.h"
 #include "plan/bwd_plan.h"
+#include "plan/lower.h"
 #include "launch/launch_kernel.cuh"
 
 namespace flash3 {
@@ -191,18 +192,11 @@ Status check_plan_tile(const BwdPlan& plan) {
   return Status{StatusCode::kInternal, "backward: the plan's tile is not this kernel's"};
 }
 
-// The params of a varlen problem as one fixed-length batch element holding
-// every row (batch stride = row stride), from which the launch's whole-tensor
-// maps are built; the prep kernel derives each sequence's maps from them.
+// The backward's varlen problem as one batch element (varlen_as_one_batch,
+// plan/lower.h), dO included.
 inline BwdParams bwd_varlen_as_one_batch(const BwdParams& p) {
   BwdParams w = p;
-  w.batch = 1;
-  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
-  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
-  w.q_batch_stride = p.q_row_stride;
-  w.k_batch_stride = p.k_row_stride;
-  w.v_batch_stride = p.v_row_stride;
-  w.o_batch_stride = p.o_row_stride;
+  static_cast<FwdParams&>(w) = varlen_as_one_batch(p);
   w.do_batch_stride = p.do_row_stride;
   return w;
 }

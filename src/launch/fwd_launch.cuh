@@ -19,6 +19,7 @@
 #include "combine/combine.h"
 #include "launch/launch_kernel.cuh"
 #include "plan/fwd_plan.h"
+#include "plan/lower.h"
 
 namespace flash3 {
 
@@ -267,21 +268,6 @@ inline dim3 varlen_prep_grid(int num_seqs) {
   const int64_t maps = int64_t(num_seqs) * kNumVarlenDesc;
   const int64_t ctas = (maps + kVarlenPrepThreads - 1) / kVarlenPrepThreads;
   return dim3(unsigned(ctas > 0 ? ctas : 1));
-}
-
-// A varlen problem as one fixed-length batch element holding every row: the
-// launch's tensor maps span the whole tensors (batch stride = row stride,
-// batch extent 1); the prep kernel derives each sequence's maps from them.
-inline FwdParams varlen_as_one_batch(const FwdParams& p) {
-  FwdParams w = p;
-  w.batch = 1;
-  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
-  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
-  w.q_batch_stride = p.q_row_stride;
-  w.k_batch_stride = p.k_row_stride;
-  w.v_batch_stride = p.v_row_stride;
-  w.o_batch_stride = p.o_row_stride;
-  return w;
 }
 
 // KV-cache forward without the prep kernel (paged caches): every sequence

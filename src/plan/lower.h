@@ -25,6 +25,20 @@ BwdParams make_bwd_params(const BackwardArgs& args);
 // seqlen_q, so the kernels' int32 mask arithmetic cannot overflow (seqlen_q +
 // seqlen_k is bounded by validation). Sets is_causal, is_local and the window.
 void apply_mask_options(const AttentionOptions& opts, int seqlen_q, int seqlen_k, FwdParams* p);
+// A varlen problem as one fixed-length batch element holding every row: the
+// launch's tensor maps span the whole tensors (batch stride = row stride,
+// batch extent 1); the prep kernel derives each sequence's maps from them.
+inline FwdParams varlen_as_one_batch(const FwdParams& p) {
+  FwdParams w = p;
+  w.batch = 1;
+  w.seqlen_q = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  w.seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  w.q_batch_stride = p.q_row_stride;
+  w.k_batch_stride = p.k_row_stride;
+  w.v_batch_stride = p.v_row_stride;
+  w.o_batch_stride = p.o_row_stride;
+  return w;
+}
 // Combine (split-KV), fixed length: seqs null.
 CombineParams make_combine_params(const CombineArgs& args);
 
