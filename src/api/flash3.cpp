@@ -110,16 +110,16 @@ size_t varlen_workspace_bytes(const BackwardArgs& args) {
 // elements and the shorter last one; varlen: one launch). 0 for malformed
 // shapes or where no launch needs scratch.
 size_t forward_workspace_bytes_of(const ForwardArgs& args) {
-  const bool varlen = args.opts.cu_seqlens_q != nullptr;
   FwdParams problem;
-  if (varlen) return forward_shape_problem(args, 0, &problem) ? plan_forward(problem).workspace.bytes : 0;
   if (!forward_shape_problem(args, args.q.shape[0], &problem)) return 0;
+  if (problem.varlen) return plan_forward(problem).workspace.bytes;
   const int64_t batch = args.q.shape[0];
   const int64_t per_launch = std::min(launch_batch(args.q, args.k), batch);
   if (per_launch <= 0) return 0;
   size_t need = 0;
   for (int64_t n : {per_launch, batch % per_launch}) {
-    if (n == 0 || !forward_shape_problem(args, n, &problem)) continue;
+    if (n == 0) continue;
+    problem.batch = static_cast<int>(n);
     need = std::max(need, plan_forward(problem).workspace.bytes);
   }
   return need;
